@@ -2,12 +2,18 @@
 
 Each command module exposes `register(subparsers)` (adds its parser and sets
 `func`) so that this file only lists names; modules are imported lazily-cheap.
+The few option groups that several tools share (server, sends) live here too.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kcoral.client import Client
 
 # subcommand name -> module under kcoral.commands
 COMMANDS: dict[str, str] = {
@@ -20,14 +26,109 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
 }
 
+# Exit statuses of the tools themselves (a remote app's own status passes through).
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 124  # the remote app ran past its time limit (as timeout(1) does)
+EXIT_TOOL_FAILURE = 125  # the server refused or failed the request, or could not be reached
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kcoral", description="KCoral client tools")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMANDS.values():
-        module = importlib.import_module(f"kcoral.commands.{module_name}")
+        qualified = f"kcoral.commands.{module_name}"
+        try:
+            module = importlib.import_module(qualified)
+        except ModuleNotFoundError as exc:
+            # A command whose module is not there (yet) is left out; any other missing
+            # import is a real error and propagates.
+            if exc.name == qualified:
+                continue
+            raise
         module.register(sub)
     return parser
+
+
+def add_remote_options(parser: argparse.ArgumentParser) -> None:
+    """--remote (default $KCORAL_REMOTE) and --token (default $KCORAL_TOKEN)."""
+    parser.add_argument("--remote", default=os.environ.get("KCORAL_REMOTE"), metavar="URL",
+                        help="server URL (default: $KCORAL_REMOTE)")
+    parser.add_argument("--token", default=None,
+                        help="bearer token (default: $KCORAL_TOKEN)")
+
+
+def add_send_options(parser: argparse.ArgumentParser, default_timeout: float = 600) -> None:
+    """--send DIR[:SUBDIR] (repeatable), -e NAME[=VALUE] (repeatable), --timeout S."""
+    parser.add_argument("--send", action="append", default=[], metavar="DIR[:SUBDIR]",
+                        help="local directory to send (repeatable); :SUBDIR places it there")
+    parser.add_argument("-e", "--env", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="environment variable for the remote app (repeatable); "
+                             "NAME alone takes the local value")
+    parser.add_argument("--timeout", type=float, default=default_timeout, metavar="S",
+                        help=f"time limit in seconds (default {default_timeout:g})")
+
+
+def make_client(args: argparse.Namespace) -> "Client":
+    from kcoral.client import Client
+    from kcoral.remote import ToolInputError
+
+    if not args.remote:
+        raise ToolInputError("no server given: use --remote URL or set KCORAL_REMOTE")
+    return Client(args.remote, token=args.token)
+
+
+def fail(message: str, code: int = EXIT_TOOL_FAILURE) -> int:
+    print(f"kcoral: {message}", file=sys.stderr)
+    return code
+
+
+def echo_run(result: Any) -> None:
+    """Print a remote app's stdout and stderr locally, plus what the runner noticed."""
+    if result.stdout:
+        sys.stdout.write(result.stdout)
+        if not result.stdout.endswith("\n"):
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+    if result.stderr:
+        sys.stderr.write(result.stderr)
+        if not result.stderr.endswith("\n"):
+            sys.stderr.write("\n")
+    for name, flag in (("stdout", result.stdout_truncated), ("stderr", result.stderr_truncated)):
+        if flag:
+            print(f"kcoral: remote {name} was truncated (its middle was dropped)", file=sys.stderr)
+    for name in result.ignored_env:
+        print(f"kcoral: the server ignored {name} from the client", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def exit_status(result: Any) -> int:
+    """The remote app's status as a local one: 124 on timeout, 128+N for signal N."""
+    if result.timed_out:
+        print(f"kcoral: the remote app ran past its time limit and was stopped "
+              f"after {result.elapsed_s:.1f} s", file=sys.stderr)
+        return EXIT_TIMEOUT
+    code = int(result.exit_code)
+    if code < 0:
+        print(f"kcoral: the remote app was killed by signal {-code}", file=sys.stderr)
+        return 128 - code
+    return code
+
+
+def write_local_files(root: str, files: dict[str, bytes]) -> list[str]:
+    """Write returned files under ``root`` (paths re-checked here: nothing escapes it)."""
+    from kcoral.archive import normalize_member_path
+
+    written = []
+    for rel, data in sorted(files.items()):
+        norm = normalize_member_path(rel)
+        target = os.path.join(root, *norm.split("/"))
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        if os.path.islink(target):
+            os.unlink(target)  # replace a link rather than write through it
+        with open(target, "wb") as fh:
+            fh.write(data)
+        written.append(target)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +145,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     args.app = app
-    code = args.func(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kcoral.archive import ArchiveError
+    from kcoral.errors import RemoteError
+    from kcoral.iket import IketError
+    from kcoral.ncu import NcuError
+    from kcoral.remote import ToolInputError
+
+    try:
+        code = args.func(args)
+    except (ToolInputError, ArchiveError) as exc:
+        return fail(f"error: {exc}", EXIT_USAGE)
+    except RemoteError as exc:
+        rid = f" (request {exc.request_id})" if exc.request_id else ""
+        return fail(f"remote failure [{exc.kind}]{rid}: {exc.message}")
+    except (IketError, NcuError, OSError) as exc:
+        return fail(f"error: {exc}", 1)
     return int(code or 0)
 
 

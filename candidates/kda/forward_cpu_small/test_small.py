@@ -1,0 +1,132 @@
+"""Small-shape correctness test of one candidate, across 12 regimes, run on the server by
+`kcoral python` / `run_gputest` from a directory holding judge/, workload.json and the
+candidate.
+
+Environment: CANDIDATE (candidate dir, default "candidate"), CASES (comma-separated regime
+names or "all"), H and T (heads and tokens; K, V and the math come from workload.json).
+Prints exactly one `regime=NAME bad=FRACTION` line per regime run, FRACTION being the
+share of output + final_state elements that fail the workload's rules (non-finite ones
+included; an output failing only its RMS bound counts one element); exits 0 iff all are 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from judge.backend import bits_view, make_backend  # noqa: E402
+from judge.compare import check_output  # noqa: E402
+from judge.harness import Prepared, load_solution  # noqa: E402
+from judge.inputs import holdout_cases, holdout_inputs, regime_inputs  # noqa: E402
+from judge.reference import recurrence_f64  # noqa: E402
+from judge.spec import load_spec  # noqa: E402
+
+STRESS = ("saturated", "strong", "mixed_depth", "switch", "boundary", "correlated", "random_depth")
+REGIMES = ("scored",) + STRESS + ("probes", "holdout_mix", "refresh", "integrity")
+PROBE_LENGTHS = (1, 17, 63, 65, 127, 129)
+
+
+class Ctx:
+    def __init__(self) -> None:
+        spec = load_spec(HERE / "workload.json")
+        H = int(os.environ.get("H", min(spec.H, 8)))
+        T = int(os.environ.get("T", min(spec.T, 256)))
+        self.spec = dataclasses.replace(spec, B=1, H=H, T=T)
+        self.be = make_backend(spec.device)
+        self.module = load_solution(HERE / os.environ.get("CANDIDATE", "candidate"), "kda_candidate")
+
+    def prepared(self, T: int, seed: int) -> Prepared:
+        return Prepared(self.be, self.spec, self.module, regime_inputs(self.be, self.spec, T, seed), T)
+
+    def bad(self, prep: Prepared, loose: bool) -> tuple[int, int]:
+        """(bad elements, elements) of the last call against the float64 recurrence."""
+        xp, spec = self.be.xp, self.spec
+        ref_out, ref_state = recurrence_f64(xp, prep.inputs, spec.scale, spec.gate_floor, spec.norm_eps)
+        tol = spec.loose_tolerance if loose else spec.tolerance
+        bad = total = 0
+        for name, x, ref in (("output", prep.output, ref_out), ("final_state", prep.final_state, ref_state)):
+            v = check_output(xp, name, x, ref, tol)
+            bad += v.bad if (v.ok or v.bad) else 1
+            total += v.size
+            if not v.ok:
+                print(f"  {v.detail}", file=sys.stderr)
+        return bad, total
+
+    def checked(self, prep: Prepared, fresh: dict, loose: bool = False) -> tuple[int, int]:
+        prep.refill(fresh)
+        problems = prep.call()
+        bad, total = self.bad(prep, loose)
+        if problems:
+            print("  " + "; ".join(problems), file=sys.stderr)
+            bad = total
+        return bad, total
+
+
+def run_regime(ctx: Ctx, name: str) -> float:
+    be, spec, T = ctx.be, ctx.spec, ctx.spec.T
+    seed = spec.seed + 1000 + REGIMES.index(name)
+    if name == "scored" or name in STRESS:
+        prep = ctx.prepared(T, seed)
+        bad, total = ctx.checked(prep, regime_inputs(be, spec, T, seed + 1, name), name == "correlated")
+    elif name == "probes":
+        bad = total = 0
+        for i, L in enumerate(PROBE_LENGTHS):
+            b, t = ctx.checked(ctx.prepared(L, seed + i), regime_inputs(be, spec, L, seed + 50 + i, "mixed_depth"))
+            bad, total = bad + b, total + t
+    elif name == "holdout_mix":
+        # Locally seeded draws of the holdout's recipe (the real holdout is salted).
+        bad = total = 0
+        small = dataclasses.replace(spec, holdout=dataclasses.replace(spec.holdout, t_min=1, t_max=T))
+        for case in holdout_cases([seed * 7919 + i for i in range(5)], small):
+            b, t = ctx.checked(ctx.prepared(case.T, case.seed), holdout_inputs(be, small, case), case.loose)
+            bad, total = bad + b, total + t
+    elif name == "refresh":
+        # Two calls, inputs rewritten in place between them: the second must follow.
+        prep = ctx.prepared(T, seed)
+        b1, t1 = ctx.checked(prep, regime_inputs(be, spec, T, seed + 1))
+        first = bits_view(be.xp, prep.output).copy()
+        b2, t2 = ctx.checked(prep, regime_inputs(be, spec, T, seed + 2))
+        if bool((bits_view(be.xp, prep.output) == first).all()):
+            print("  second call replayed the first call's output", file=sys.stderr)
+            b2 = t2
+        bad, total = b1 + b2, t1 + t2
+    elif name == "integrity":
+        prep = ctx.prepared(T, seed)
+        prep.refill(regime_inputs(be, spec, T, seed + 1))
+        problems = prep.call()
+        bad, total = (1, 1) if problems else (0, 1)
+        for p in problems:
+            print(f"  {p}", file=sys.stderr)
+    else:
+        raise ValueError(name)
+    return bad / total if total else 1.0
+
+
+def main() -> int:
+    wanted = os.environ.get("CASES", "all").strip()
+    names = list(REGIMES) if wanted in ("", "all") else [n.strip() for n in wanted.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REGIMES]
+    if unknown:
+        print(f"unknown CASES {unknown}; known: {', '.join(REGIMES)}", file=sys.stderr)
+        return 2
+    ctx = Ctx()
+    print(f"# device={ctx.be.name} H={ctx.spec.H} T={ctx.spec.T} K={ctx.spec.K} V={ctx.spec.V}", flush=True)
+    worst = 0.0
+    for name in names:
+        try:
+            frac = run_regime(ctx, name)
+        except Exception:  # noqa: BLE001 - a crashing candidate makes the regime all bad
+            traceback.print_exc()
+            frac = 1.0
+        worst = max(worst, frac)
+        print(f"regime={name} bad={frac:.2e}", flush=True)
+    return 0 if worst == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The workload spec (workload.json) as typed data."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REGIMES = ("saturated", "strong", "mixed_depth", "switch", "boundary", "correlated", "random_depth")
+
+
+class SpecError(ValueError):
+    """workload.json is missing a field or holds a value the judge cannot use."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    abs_rms: float  # an element is off if |x-y| > abs_rms * RMS(ref) ...
+    rel: float  # ... and |x-y| / (|y| + 1e-8) > rel
+    rms_ratio: float  # per output: RMS(x-y) / (RMS(y) + 1e-8) must stay below this
+
+
+@dataclass(frozen=True)
+class Holdout:
+    count: int
+    t_min: int
+    t_max: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    trials: int
+    calls: int
+    warmup: int
+    flush_bytes: int
+    # A trial whose wall time exceeds ratio * (event span) + slack_ms has device work the
+    # stream's events did not see (another stream): the timing is flagged and fails.
+    wall_mismatch_ratio: float
+    wall_mismatch_slack_ms: float
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    device: str  # "cuda" or "cpu"
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    scale: float
+    gate_floor: float
+    norm_eps: float
+    seed: int
+    tolerance: Tolerance
+    loose_tolerance: Tolerance
+    regimes: tuple[str, ...]
+    probe_lengths: tuple[int, ...]
+    holdout: Holdout
+    calls_before_timing: int
+    calls_after_timing: int
+    timing: Timing
+    chunk: int = 64  # chunk length of the judge's fp32 reference
+    extra: dict = field(default_factory=dict)
+
+
+def _get(d: dict, key: str, where: str):
+    if key not in d:
+        raise SpecError(f"workload.json: missing {where}{key}")
+    return d[key]
+
+
+def _positive_int(value, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(f"workload.json: {what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _tolerance(d: dict, where: str) -> Tolerance:
+    return Tolerance(
+        abs_rms=float(_get(d, "abs_rms", where)),
+        rel=float(_get(d, "rel", where)),
+        rms_ratio=float(_get(d, "rms_ratio", where)),
+    )
+
+
+def parse_spec(raw: dict) -> WorkloadSpec:
+    shape = _get(raw, "shape", "")
+    dims = {k: _positive_int(_get(shape, k, "shape."), f"shape.{k}") for k in ("B", "T", "H", "K", "V")}
+    device = _get(raw, "device", "")
+    if device not in ("cuda", "cpu"):
+        raise SpecError(f"workload.json: device must be 'cuda' or 'cpu', got {device!r}")
+    regimes = tuple(_get(raw, "regimes", ""))
+    unknown = [r for r in regimes if r not in REGIMES]
+    if unknown:
+        raise SpecError(f"workload.json: unknown regimes {unknown}; known: {list(REGIMES)}")
+    probes = tuple(_positive_int(t, "probe_lengths[]") for t in _get(raw, "probe_lengths", ""))
+    hd = _get(raw, "holdout", "")
+    holdout = Holdout(
+        count=_positive_int(_get(hd, "count", "holdout."), "holdout.count"),
+        t_min=_positive_int(_get(hd, "t_min", "holdout."), "holdout.t_min"),
+        t_max=_positive_int(_get(hd, "t_max", "holdout."), "holdout.t_max"),
+    )
+    if holdout.t_min > holdout.t_max:
+        raise SpecError("workload.json: holdout.t_min exceeds holdout.t_max")
+    td = _get(raw, "timing", "")
+    timing = Timing(
+        trials=_positive_int(_get(td, "trials", "timing."), "timing.trials"),
+        calls=_positive_int(_get(td, "calls", "timing."), "timing.calls"),
+        warmup=int(_get(td, "warmup", "timing.")),
+        flush_bytes=int(_get(td, "flush_bytes", "timing.")),
+        wall_mismatch_ratio=float(td.get("wall_mismatch_ratio", 1.5)),
+        wall_mismatch_slack_ms=float(td.get("wall_mismatch_slack_ms", 20.0)),
+    )
+    checks = _get(raw, "checks", "")
+    scale = float(raw.get("scale", 1.0 / math.sqrt(dims["K"])))
+    chunk = _positive_int(raw.get("chunk", 64), "chunk")
+    if chunk & (chunk - 1):
+        raise SpecError("workload.json: chunk must be a power of two")
+    return WorkloadSpec(
+        name=str(_get(raw, "name", "")),
+        device=device,
+        scale=scale,
+        gate_floor=float(_get(raw, "gate_floor", "")),
+        norm_eps=float(_get(raw, "norm_eps", "")),
+        seed=int(_get(raw, "seed", "")),
+        tolerance=_tolerance(_get(raw, "tolerance", ""), "tolerance."),
+        loose_tolerance=_tolerance(_get(raw, "loose_tolerance", ""), "loose_tolerance."),
+        regimes=regimes,
+        probe_lengths=probes,
+        holdout=holdout,
+        calls_before_timing=_positive_int(_get(checks, "calls_before_timing", "checks."), "checks.calls_before_timing"),
+        calls_after_timing=int(_get(checks, "calls_after_timing", "checks.")),
+        timing=timing,
+        chunk=chunk,
+        extra={k: v for k, v in raw.items() if k.startswith("x_")},
+        **dims,
+    )
+
+
+def load_spec(path: str | Path) -> WorkloadSpec:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"cannot read {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a JSON object")
+    return parse_spec(raw)

@@ -1,0 +1,93 @@
+"""`evolve evaluate ID|PATH`: run one candidate of the population through the pipeline now."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+from kcoral import Client
+
+from evolve.config import ConfigError, PromotionConfig, RemoteConfig, RunConfig, load_config
+from evolve.db import DB_HELP, SchemaVersionError, open_database
+from evolve.embedded import EmbeddedServer, EmbeddedServerError
+from evolve.families import FamilyError
+from evolve.loop import display_path, server_concurrency
+from evolve.pipeline import GpuGate, StageContext, run_pipeline
+from evolve.population import Candidate, Population
+from evolve.promotion import Promoter
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("evaluate", help="evaluate one registered candidate now",
+                              description="Run a candidate (by id or directory) through the stage pipeline "
+                                          "and, if it beats the confirmed best, through confirmation.")
+    p.add_argument("candidate", metavar="ID|PATH", help="candidate id, or its directory")
+    p.add_argument("--remote", default=None, help="KCoral server URL (default: $KCORAL_REMOTE, else embedded)")
+    p.add_argument("--db", default=None, help=DB_HELP)
+    p.add_argument("--config", default=None,
+                   help="run config whose stages and promotion policy to use (default: check, gputest, bench)")
+    p.set_defaults(func=main)
+
+
+def find_candidate(pop: Population, key: str) -> Candidate | None:
+    if key.isdigit():
+        return pop.candidate(int(key))
+    path = Path(key)
+    for form in (display_path(path), key.rstrip("/"), str(path.resolve())):
+        cand = pop.candidate_by_directory(form)
+        if cand is not None:
+            return cand
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        db = open_database(args.db)
+    except SchemaVersionError as exc:
+        print(f"evolve evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    pop = Population(db)
+    cand = find_candidate(pop, args.candidate)
+    if cand is None:
+        print(f"evolve evaluate: error: {args.candidate} is not in the population; "
+              f"add it with `evolve register PATH` first", file=sys.stderr)
+        return 2
+    workload = pop.workload(cand.workload_id)
+    assert workload is not None
+    try:
+        config = load_config(args.config) if args.config else None
+        families = config.load_families() if config else {}
+    except (ConfigError, FamilyError) as exc:
+        print(f"evolve evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    defaults = RunConfig.model_fields["stages"].default_factory()  # type: ignore[misc]
+    stages_cfg = config.stages if config else defaults
+    stages = [s for s in ("check", "gputest", "iket", "ncu", "bench") if stages_cfg[s].enabled]
+    policy = config.promotion if config else PromotionConfig()
+    remote = config.remote if config else RemoteConfig()
+    url = args.remote or os.environ.get("KCORAL_REMOTE") or remote.url
+    server = nullcontext(url) if url else EmbeddedServer(cpu_workers=remote.embedded_cpu_workers)
+    try:
+        with server as server_url, Client(server_url) as client:
+            slots = remote.concurrency or server_concurrency(client.health())
+            ctx = StageContext(client=client, pop=pop, workload_id=cand.workload_id,
+                               workload_dir=Path(workload.path).resolve(), run_id=None, stages=stages_cfg,
+                               families=families, gate=GpuGate(client, slots, remote.max_queue),
+                               transport_wait_s=remote.transport_wait_s)
+            outcome = run_pipeline(ctx, cand, stages)
+            decision = Promoter(ctx, policy).consider(cand, outcome.bench) \
+                if outcome.passed and outcome.bench is not None else None
+    except EmbeddedServerError as exc:
+        print(f"evolve evaluate: error: {exc}", file=sys.stderr)
+        return 1
+    for ev in pop.evaluations(cand.id):
+        extra = f" {ev.speedup:.3f}x ({ev.ms:.4f} ms)" if ev.speedup is not None and ev.ms is not None else ""
+        kind = f" [{ev.failure_kind}]" if ev.failure_kind else ""
+        print(f"#{ev.id} {ev.stage:8s} {ev.status}{kind}{extra} {ev.message[:200]}".rstrip())
+    if decision is not None:
+        print(f"{'promoted' if decision.promoted else 'not promoted'}: {decision.reason}")
+    if outcome.skipped:
+        print(f"candidate {cand.id}: {outcome.message}")
+    return 0 if outcome.passed else 1

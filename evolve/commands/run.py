@@ -1,0 +1,73 @@
+"""`evolve run CONFIG`: the unattended search."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from contextlib import nullcontext
+
+from kcoral import Client
+
+from evolve.config import ConfigError, load_config
+from evolve.db import DB_HELP, SchemaVersionError, open_database
+from evolve.embedded import EmbeddedServer, EmbeddedServerError
+from evolve.families import FamilyError
+from evolve.leaderboard import format_table
+from evolve.loop import SearchLoop
+from evolve.population import Population
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="run the search described by a config file",
+                              description="Evolutionary search over template families, evaluated on a "
+                                          "KCoral server (an embedded one when no --remote is given).")
+    p.add_argument("config", help="run config (TOML), e.g. configs/kda-cpu-small.toml")
+    p.add_argument("--remote", default=None, help="KCoral server URL (default: $KCORAL_REMOTE, then the "
+                                                   "config's remote.url, else an embedded server)")
+    p.add_argument("--db", default=None, help=DB_HELP)
+    p.add_argument("--resume", action="store_true",
+                   help="continue this workload's last dead run: retry its interrupted evaluations")
+    p.add_argument("--max-evals", type=int, default=None, help="override budget.max_evals")
+    p.add_argument("--hours", type=float, default=None, help="override budget.hours")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="evolve: %(levelname)s %(name)s: %(message)s")
+    if args.max_evals is not None and args.max_evals < 1:
+        print("evolve run: error: --max-evals must be at least 1", file=sys.stderr)
+        return 2
+    if args.hours is not None and args.hours <= 0:
+        print("evolve run: error: --hours must be positive", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.config).with_budget(args.max_evals, args.hours)
+        config.load_families()  # fail on a bad family before a server starts
+    except (ConfigError, FamilyError) as exc:
+        print(f"evolve run: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        db = open_database(args.db)
+    except SchemaVersionError as exc:
+        print(f"evolve run: error: {exc}", file=sys.stderr)
+        return 2
+    pop = Population(db)
+    url = args.remote or os.environ.get("KCORAL_REMOTE") or config.remote.url
+    server = nullcontext(url) if url else EmbeddedServer(cpu_workers=config.remote.embedded_cpu_workers)
+    try:
+        with server as server_url:
+            if not url:
+                print(f"evolve: embedded server at {server_url}", file=sys.stderr)
+            with Client(server_url) as client:
+                summary = SearchLoop(config, client, pop, resume=args.resume).run()
+    except EmbeddedServerError as exc:
+        print(f"evolve run: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nevolve run: interrupted; continue with --resume", file=sys.stderr)
+        return 130
+    print(f"run {summary.run_id}: {summary.evaluated} evaluated, {summary.passed} passed, "
+          f"{summary.promotions} promoted; stopped: {summary.stopped_because}")
+    print(format_table(pop.leaderboard(summary.workload_id)))
+    return 0

@@ -1,0 +1,195 @@
+"""The run configuration (a TOML file): what to search, how, for how long, and where.
+
+Relative paths in a config resolve against `root`, which itself is relative to the
+config file's folder (configs in `configs/` say `root = ".."`, the repository root).
+"""
+from __future__ import annotations
+
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from evolve.families import Family, Value, load_family
+
+STAGES = ("check", "gputest", "iket", "ncu", "bench")
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used, with every reason."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FamilyChoice(_Strict):
+    name: str
+    path: str | None = None                    # default: templates/kda/<name>
+    fixed: dict[str, Value] = Field(default_factory=dict)
+    subspace: dict[str, list[Value]] = Field(default_factory=dict)
+
+
+class StrategyConfig(_Strict):
+    kind: Literal["evolution", "random", "exhaustive"] = "evolution"
+    population_size: int = Field(16, ge=1)     # how many of the best correct candidates breed
+    tournament_size: int = Field(3, ge=1)
+    mutation_rate: float = Field(0.3, ge=0, le=1)   # per extra parameter, after the one that always changes
+    crossover_rate: float = Field(0.3, ge=0, le=1)
+    immigrant_share: float = Field(0.1, ge=0, le=1)
+    islands: int = Field(1, ge=1)
+    migration_rate: float = Field(0.1, ge=0, le=1)
+    seed: int = 0
+
+
+class BudgetConfig(_Strict):
+    max_evals: int | None = Field(None, ge=1)  # candidates whose pipeline this run starts
+    hours: float | None = Field(None, gt=0)
+    deadline: datetime | None = None           # absolute, UTC if no zone is given
+
+    @field_validator("deadline")
+    @classmethod
+    def _utc(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            v = v.replace(tzinfo=timezone.utc)
+        return v
+
+
+class StageConfig(_Strict):
+    enabled: bool = True
+    timeout: float = Field(600, gt=0)          # seconds, per attempt
+    # iket / ncu: the app run in the candidate's folder on the server.
+    app: list[str] = Field(default_factory=list)
+    ncu_args: list[str] = Field(default_factory=list)
+    cases: str = "all"                         # gputest
+
+
+def _default_stages() -> dict[str, StageConfig]:
+    return {
+        "check": StageConfig(timeout=300),
+        "gputest": StageConfig(timeout=600),
+        "iket": StageConfig(enabled=False, timeout=600, app=["python", "capture_iket.py"]),
+        "ncu": StageConfig(enabled=False, timeout=600, app=["python", "capture_ncu.py"],
+                           ncu_args=["--set", "full", "--launch-count", "1"]),
+        "bench": StageConfig(timeout=1500),
+    }
+
+
+class PromotionConfig(_Strict):
+    confirm_runs: int = Field(2, ge=1)
+    margin: float = Field(0.02, ge=0)          # required speedup over the best beyond the spread (fraction)
+
+
+class RemoteConfig(_Strict):
+    url: str | None = None                     # None: $KCORAL_REMOTE, else an embedded server
+    concurrency: int = Field(0, ge=0)          # 0: the server's GPU (or CPU) worker count
+    max_queue: int = Field(2, ge=0)            # hold back GPU stages while the server queue is longer
+    embedded_cpu_workers: int = Field(2, ge=1)
+    transport_wait_s: float = Field(300, gt=0) # how long a stage waits for a restarting server
+
+
+class RunConfig(_Strict):
+    root: str = "."
+    workload: str
+    output_dir: str | None = None              # rendered candidates; default <workload>/gen
+    families: list[FamilyChoice] = Field(min_length=1)
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    stages: dict[str, StageConfig] = Field(default_factory=_default_stages)
+    promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    remote: RemoteConfig = Field(default_factory=RemoteConfig)
+
+    # Resolved by load_config (not part of the TOML).
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _merge_stages(cls, v: object) -> object:
+        if not isinstance(v, dict):
+            return v
+        unknown = set(v) - set(STAGES)
+        if unknown:
+            raise ValueError(f"unknown stages {sorted(unknown)}; known: {list(STAGES)}")
+        merged = {name: cfg.model_dump() for name, cfg in _default_stages().items()}
+        for name, cfg in v.items():
+            if isinstance(cfg, dict):
+                merged[name].update(cfg)
+            else:
+                merged[name] = cfg
+        return merged
+
+    @model_validator(mode="after")
+    def _unique_families(self) -> RunConfig:
+        names = [f.name for f in self.families]
+        if len(set(names)) != len(names):
+            raise ValueError("a family is listed twice")
+        return self
+
+    # ---- resolved paths ----------------------------------------------------------------
+    @property
+    def root_dir(self) -> Path:
+        return (self.base_dir / self.root).resolve()
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else (self.root_dir / p).resolve()
+
+    @property
+    def workload_dir(self) -> Path:
+        return self.resolve(self.workload)
+
+    @property
+    def workload_name(self) -> str:
+        return self.workload_dir.name
+
+    @property
+    def gen_dir(self) -> Path:
+        return self.resolve(self.output_dir) if self.output_dir else self.workload_dir / "gen"
+
+    def enabled_stages(self) -> list[str]:
+        return [s for s in STAGES if self.stages[s].enabled]
+
+    def load_families(self) -> dict[str, Family]:
+        """Each configured family, restricted to its fixed values and subspace."""
+        out: dict[str, Family] = {}
+        for choice in self.families:
+            directory = self.resolve(choice.path or f"templates/kda/{choice.name}")
+            family = load_family(directory)
+            if family.name != choice.name:
+                raise ConfigError(f"family at {directory} is named {family.name!r}, not {choice.name!r}")
+            if self.workload_name not in family.spec.workloads:
+                raise ConfigError(f"family {family.name!r} does not render for workload "
+                                  f"{self.workload_name!r} (it lists {family.spec.workloads})")
+            out[family.name] = family.restrict(choice.fixed, choice.subspace)
+        return out
+
+    def with_budget(self, max_evals: int | None = None, hours: float | None = None) -> RunConfig:
+        """A copy with the command line's budget overrides applied."""
+        budget = self.budget.model_copy(update={k: v for k, v in
+                                                {"max_evals": max_evals, "hours": hours}.items() if v is not None})
+        return self.model_copy(update={"budget": budget})
+
+    def to_record(self) -> dict:
+        """The config as stored with the run (JSON-safe)."""
+        return self.model_dump(mode="json")
+
+
+def load_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config {path} not found")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    try:
+        cfg = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {reasons}") from None
+    cfg.base_dir = path.resolve().parent
+    if not cfg.workload_dir.is_dir():
+        raise ConfigError(f"{path}: workload folder {cfg.workload_dir} not found")
+    return cfg

@@ -1,0 +1,31 @@
+"""evolve's database: engine setup, schema versions and the ORM models."""
+from __future__ import annotations
+
+import os
+
+from .engine import Database, create_evolve_engine
+from .migrate import SchemaVersionError, ensure_schema
+
+DEFAULT_URL = "sqlite:///evolve.db"
+DB_HELP = "database URL (default: $EVOLVE_DB, else sqlite:///evolve.db in the working directory)"
+
+
+def default_url() -> str:
+    """`$EVOLVE_DB`, else `evolve.db` in the working directory."""
+    return os.environ.get("EVOLVE_DB") or DEFAULT_URL
+
+
+def open_database(url: str | None = None, *, migrate_empty: bool = True) -> Database:
+    """Open `url` (any SQLAlchemy URL); an empty database is migrated to the current
+    schema, a database at another schema version raises SchemaVersionError."""
+    db = Database.from_engine(create_evolve_engine(url or default_url()))
+    if migrate_empty:
+        try:
+            ensure_schema(db)
+        except BaseException:
+            db.close()
+            raise
+    return db
+
+
+__all__ = ["DB_HELP", "DEFAULT_URL", "Database", "SchemaVersionError", "default_url", "open_database"]

@@ -1,0 +1,98 @@
+"""Engine and session setup.
+
+SQLite gets WAL (readers never wait for the writer), a busy timeout (a writer waits for
+the lock instead of failing) and `BEGIN IMMEDIATE` for write transactions: the write lock
+is taken when the transaction starts, so two writers queue up instead of one failing
+with "database is locked" when a deferred read transaction tries to upgrade. Read
+transactions stay deferred. Other databases use their normal transactions.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+BUSY_TIMEOUT_MS = 60_000
+_WRITE_OPTION = "evolve_write"
+
+
+def _is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" hook, not the sqlite3 module, open transactions.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        if engine.url.database not in (None, "", ":memory:"):
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        immediate = connection.get_execution_options().get(_WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def create_evolve_engine(url: str) -> Engine:
+    """An engine for any SQLAlchemy URL, with evolve's SQLite settings where they apply."""
+    parsed = make_url(url)
+    kwargs: dict[str, Any] = {}
+    if parsed.get_backend_name() == "sqlite":
+        # The busy timeout above is the one that matters; sqlite3's own is kept equal.
+        kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
+    engine = create_engine(parsed, **kwargs)
+    if _is_sqlite(engine):
+        _install_sqlite_hooks(engine)
+    return engine
+
+
+@dataclass
+class Database:
+    """An engine plus its session factories; `write()` and `read()` are one transaction each."""
+
+    engine: Engine
+    sessionmaker: sessionmaker[Session]
+    write_sessionmaker: sessionmaker[Session] = field(repr=False)
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> Database:
+        writer = engine.execution_options(**{_WRITE_OPTION: True})
+        return cls(
+            engine=engine,
+            sessionmaker=sessionmaker(bind=engine, expire_on_commit=False),
+            write_sessionmaker=sessionmaker(bind=writer, expire_on_commit=False),
+        )
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A session whose transaction holds the write lock from its start; commits on success."""
+        with self.write_sessionmaker() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self.sessionmaker() as session, session.begin():
+            yield session
+
+    def write_connection(self) -> AbstractContextManager[Connection]:
+        """A connection in a transaction that holds the write lock from its start;
+        commits when the block ends without an exception."""
+        return self.engine.execution_options(**{_WRITE_OPTION: True}).begin()
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,216 @@
+"""Typed ORM models of evolve's database (SQLAlchemy 2.0 declarative, Mapped[] columns).
+
+The schema is created and changed only by the Alembic migrations in `migrations/`;
+these classes describe it for queries. Timestamps are stored as naive UTC and read back
+as timezone-aware UTC (see `UTCDateTime`).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+EVALUATION_STATUSES = ("running", "passed", "failed", "interrupted")
+RUN_STATES = ("running", "finished", "failed", "interrupted")
+ORIGINS = ("template", "agent", "seed")
+# Stages that may hold several running/passed rows for one candidate (each run is a new
+# attempt); every other stage is claimed at most once, see the partial unique index below.
+REPEATABLE_STAGES = ("confirm",)
+
+# Constraint names are fixed so batch-mode migrations on SQLite can find them again.
+NAMING = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Naive UTC in the database, aware UTC in Python (SQLite keeps no zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; evolve stores UTC-aware datetimes only")
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = NAMING
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class WorkloadModel(Base):
+    __tablename__ = "workloads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class RunModel(Base):
+    __tablename__ = "runs"
+    __table_args__ = (CheckConstraint(_in("state", RUN_STATES), name="state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    strategy: Mapped[str] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(16), default="running")
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class CandidateParentModel(Base):
+    """Ordered parent list of a candidate (crossover has two, mutation one, seeds none)."""
+
+    __tablename__ = "candidate_parents"
+
+    child_id: Mapped[int] = mapped_column(ForeignKey("candidates.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    parent_id: Mapped[int] = mapped_column(ForeignKey("candidates.id"), index=True)
+
+
+class CandidateModel(Base):
+    __tablename__ = "candidates"
+    __table_args__ = (
+        UniqueConstraint("workload_id", "digest"),
+        CheckConstraint(_in("origin", ORIGINS), name="origin"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    origin: Mapped[str] = mapped_column(String(16))
+    family: Mapped[str | None] = mapped_column(String(200))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    digest: Mapped[str] = mapped_column(String(128))
+    directory: Mapped[str] = mapped_column(Text, index=True)
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    operator: Mapped[str | None] = mapped_column(String(50))
+    author: Mapped[str | None] = mapped_column(String(200))
+    notes: Mapped[str | None] = mapped_column(Text)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    parent_links: Mapped[list[CandidateParentModel]] = relationship(
+        foreign_keys=[CandidateParentModel.child_id],
+        order_by=CandidateParentModel.position,
+        cascade="all, delete-orphan",
+    )
+
+
+class EvaluationModel(Base):
+    __tablename__ = "evaluations"
+    __table_args__ = (
+        CheckConstraint(_in("status", EVALUATION_STATUSES), name="status"),
+        # Attempts of one stage are numbered 1, 2, ...; two writers can't take one number.
+        UniqueConstraint("candidate_id", "stage", "attempt"),
+        # At most one live-or-passed claim per (candidate, stage): this makes begin_stage
+        # race-free across processes. Repeatable stages (confirm) are left out.
+        Index(
+            "uq_evaluations_claim",
+            "candidate_id",
+            "stage",
+            unique=True,
+            sqlite_where=text(
+                f"{_in('status', ('running', 'passed'))} AND stage NOT IN ('confirm')"
+            ),
+            postgresql_where=text(
+                f"{_in('status', ('running', 'passed'))} AND stage NOT IN ('confirm')"
+            ),
+        ),
+        # Leaderboard: best passed bench per candidate, answered from the index alone.
+        Index("ix_evaluations_leaderboard", "stage", "status", "candidate_id", "speedup"),
+        Index("ix_evaluations_status_run", "status", "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidates.id"))
+    stage: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    retry_of: Mapped[int | None] = mapped_column(ForeignKey("evaluations.id"))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    failure_kind: Mapped[str | None] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+    server_instance: Mapped[str | None] = mapped_column(String(255))
+    gpu: Mapped[str | None] = mapped_column(String(100))
+    queue_ms: Mapped[float | None] = mapped_column(Float)
+    lease_held_ms: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    ms: Mapped[float | None] = mapped_column(Float)
+    baseline_ms: Mapped[float | None] = mapped_column(Float)
+    speedup: Mapped[float | None] = mapped_column(Float)
+    spread: Mapped[float | None] = mapped_column(Float)
+    excessive_sectors: Mapped[int | None] = mapped_column(Integer)
+    registers: Mapped[int | None] = mapped_column(Integer)
+    spills: Mapped[int | None] = mapped_column(Integer)
+
+
+class PromotionConfirmationModel(Base):
+    """The confirmation evaluations a promotion rests on, in order."""
+
+    __tablename__ = "promotion_confirmations"
+
+    promotion_id: Mapped[int] = mapped_column(ForeignKey("promotions.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    evaluation_id: Mapped[int] = mapped_column(ForeignKey("evaluations.id"))
+
+
+class PromotionModel(Base):
+    __tablename__ = "promotions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidates.id"), index=True)
+    previous_best_id: Mapped[int | None] = mapped_column(ForeignKey("candidates.id"))
+    margin: Mapped[float | None] = mapped_column(Float)
+    speedup_over_best: Mapped[float | None] = mapped_column(Float)
+    promoted_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    confirmation_links: Mapped[list[PromotionConfirmationModel]] = relationship(
+        order_by=PromotionConfirmationModel.position,
+        cascade="all, delete-orphan",
+        lazy="selectin",
+    )

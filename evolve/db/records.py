@@ -1,0 +1,226 @@
+"""The typed values that cross the population seam (pydantic, immutable snapshots).
+
+Reads return these rather than ORM objects, so callers never hold a session or see a
+lazy load fail after it closed.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+EvaluationStatus = Literal["running", "passed", "failed", "interrupted"]
+FinishedStatus = Literal["passed", "failed"]
+RunState = Literal["running", "finished", "failed", "interrupted"]
+Origin = Literal["template", "agent", "seed"]
+FailureKind = Literal[
+    "check",
+    "compile",
+    "import",
+    "correctness",
+    "flaky",
+    "holdout",
+    "runtime",
+    "timeout",
+    "transport",
+    "resources",
+    "unavailable",
+]
+FAILURE_KINDS: tuple[str, ...] = FailureKind.__args__  # type: ignore[attr-defined]
+
+
+class _Snapshot(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+
+class Workload(_Snapshot):
+    id: int
+    name: str
+    path: str
+    created_at: datetime
+
+
+class Run(_Snapshot):
+    id: int
+    workload_id: int
+    config: dict[str, Any]
+    strategy: str
+    state: RunState
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    ended_at: datetime | None
+
+
+class NewCandidate(BaseModel):
+    """What the search (or `evolve register`) knows about a candidate before it is stored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload_id: int
+    origin: Origin
+    digest: str = Field(min_length=1, max_length=128)
+    directory: str = Field(min_length=1)
+    family: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    parents: list[int] = Field(default_factory=list)
+    generation: int = Field(default=0, ge=0)
+    operator: str | None = None
+    name: str | None = None
+    author: str | None = None
+    notes: str | None = None
+    run_id: int | None = None
+
+    @model_validator(mode="after")
+    def _distinct_parents(self) -> NewCandidate:
+        if len(set(self.parents)) != len(self.parents):
+            raise ValueError(f"parents repeat an id: {self.parents}")
+        return self
+
+
+class Candidate(_Snapshot):
+    id: int
+    workload_id: int
+    name: str | None
+    origin: Origin
+    family: str | None
+    params: dict[str, Any]
+    digest: str
+    directory: str
+    parents: list[int]
+    generation: int
+    operator: str | None
+    author: str | None
+    notes: str | None
+    run_id: int | None
+    created_at: datetime
+
+    @property
+    def label(self) -> str:
+        """Short human name: the given name, else family, else author, else the id."""
+        return self.name or self.family or self.author or f"#{self.id}"
+
+
+class StageResult(BaseModel):
+    """The outcome of one stage attempt, written by `Population.finish_stage`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: FinishedStatus
+    failure_kind: FailureKind | None = None
+    message: str = ""
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    server_instance: str | None = None
+    gpu: str | None = None
+    queue_ms: float | None = None
+    lease_held_ms: float | None = None
+    ms: float | None = None
+    baseline_ms: float | None = None
+    speedup: float | None = None
+    spread: float | None = None
+    excessive_sectors: int | None = None
+    registers: int | None = None
+    spills: int | None = None
+
+    @model_validator(mode="after")
+    def _kind_matches_status(self) -> StageResult:
+        if self.status == "failed" and self.failure_kind is None:
+            raise ValueError("a failed stage needs a failure_kind")
+        if self.status == "passed" and self.failure_kind is not None:
+            raise ValueError(f"a passed stage can't have failure_kind {self.failure_kind!r}")
+        return self
+
+
+class Evaluation(_Snapshot):
+    id: int
+    candidate_id: int
+    stage: str
+    attempt: int
+    retry_of: int | None
+    run_id: int | None
+    status: EvaluationStatus
+    failure_kind: str | None
+    message: str
+    server_instance: str | None
+    gpu: str | None
+    queue_ms: float | None
+    lease_held_ms: float | None
+    started_at: datetime
+    ended_at: datetime | None
+    metrics: dict[str, Any]
+    ms: float | None
+    baseline_ms: float | None
+    speedup: float | None
+    spread: float | None
+    excessive_sectors: int | None
+    registers: int | None
+    spills: int | None
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.ended_at is None else (self.ended_at - self.started_at).total_seconds()
+
+
+class Promotion(_Snapshot):
+    id: int
+    workload_id: int
+    candidate_id: int
+    previous_best_id: int | None
+    confirmation_eval_ids: list[int]
+    margin: float | None
+    speedup_over_best: float | None
+    promoted_at: datetime
+
+
+class LeaderboardRow(_Snapshot):
+    rank: int
+    candidate_id: int
+    workload_id: int
+    name: str | None
+    directory: str
+    origin: Origin
+    family: str | None
+    author: str | None
+    generation: int
+    evaluation_id: int
+    ms: float | None
+    baseline_ms: float | None
+    speedup: float
+    spread: float | None
+    excessive_sectors: int | None
+    confirmed: bool  # promoted at some point
+    best: bool  # the current confirmed best of its workload
+
+    @property
+    def source(self) -> str:
+        """Where it came from, for tables: the family, else the author, else the origin."""
+        return self.family or self.author or self.origin
+
+
+class StatusCount(_Snapshot):
+    stage: str
+    status: EvaluationStatus
+    failure_kind: str | None
+    count: int
+
+
+class EvaluationSummary(NamedTuple):
+    """The columns of an evaluation that progress plots and timing tables need, without
+    metrics and messages: a tuple, so reading 100k of them stays cheap."""
+
+    id: int
+    candidate_id: int
+    stage: str
+    status: str
+    failure_kind: str | None
+    started_at: datetime
+    ended_at: datetime | None
+    queue_ms: float | None
+    lease_held_ms: float | None
+    speedup: float | None
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.ended_at is None else (self.ended_at - self.started_at).total_seconds()

@@ -1,0 +1,107 @@
+"""An embedded benchmark server for runs with no --remote: `python -m server` on loopback
+with a free port (CPU workers when this machine has no GPU), stopped at the end."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+class EmbeddedServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM the server if evolve dies (even by SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the server outlives a killed evolve; stop() still covers normal exits
+
+
+def has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+class EmbeddedServer:
+    """Context manager: `with EmbeddedServer() as url: ...`."""
+
+    def __init__(self, cpu_workers: int = 2, startup_timeout_s: float = 60.0, extra_args: list[str] | None = None):
+        self.cpu_workers = cpu_workers
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self._logdir: str | None = None
+
+    def start(self) -> str:
+        port = free_port()
+        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), *self.extra_args]
+        if not has_gpu():
+            cmd += ["--cpu-workers", str(self.cpu_workers)]
+        self._logdir = tempfile.mkdtemp(prefix="evolve-server-")
+        log = open(Path(self._logdir) / "server.log", "wb")  # noqa: SIM115 - kept open for the child
+        # Its own process group, so a terminal's Ctrl-C reaches us first and we stop it in order.
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=os.environ.copy(), preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        log.close()
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EmbeddedServerError(f"embedded server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise EmbeddedServerError(f"embedded server did not answer within {self.startup_timeout_s:.0f} s")
+
+    def log_tail(self, n: int = 4000) -> str:
+        if not self._logdir:
+            return ""
+        path = Path(self._logdir) / "server.log"
+        return path.read_bytes()[-n:].decode(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)  # drains in-flight work
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        if self._logdir:
+            shutil.rmtree(self._logdir, ignore_errors=True)

@@ -1,0 +1,454 @@
+"""Template families: load and validate `family.toml`, check constraints, walk the space.
+
+A family is a folder of Jinja templates plus a search space (see docs/design.md,
+"Template families"). Everything is checked when the family is loaded, so a bad family
+fails before any candidate is rendered or any GPU time is spent.
+"""
+from __future__ import annotations
+
+import ast
+import itertools
+import operator
+import random
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+FAMILY_FILE = "family.toml"
+
+Value = int | float | str | bool
+
+# ---- the expression evaluator --------------------------------------------------------
+# Only numbers, strings, booleans, names, `+ - * / // % **`, unary `- + not`, comparisons,
+# `and`/`or`, `min`/`max` and conditional expressions are evaluated; anything else is
+# refused at parse time, so a family file can never run code.
+
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_CMPOPS = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
+_FUNCS = {"min": min, "max": max}
+# Large integer powers would let a family file stall the process.
+_MAX_EXPONENT = 256
+
+
+class ExpressionError(ValueError):
+    """An expression that is malformed, uses a forbidden construct, or fails to evaluate."""
+
+
+class Expression:
+    """A parsed, validated expression; `names` are the free variables it reads."""
+
+    def __init__(self, source: str):
+        if not isinstance(source, str) or not source.strip():
+            raise ExpressionError("expression must be a non-empty string")
+        self.source = source
+        try:
+            tree = ast.parse(source.strip(), mode="eval")
+        except SyntaxError as exc:
+            raise ExpressionError(f"cannot parse {source!r}: {exc.msg}") from None
+        self._tree = tree.body
+        self.names: set[str] = set()
+        self._validate(self._tree)
+
+    def _validate(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Constant):
+            if not isinstance(node.value, (int, float, str, bool)):
+                raise ExpressionError(f"{self.source!r}: constant {node.value!r} is not allowed")
+        elif isinstance(node, ast.Name):
+            if node.id in _FUNCS:
+                raise ExpressionError(f"{self.source!r}: {node.id} may only be called")
+            self.names.add(node.id)
+        elif isinstance(node, ast.BinOp):
+            if type(node.op) not in _BINOPS:
+                raise ExpressionError(f"{self.source!r}: operator {type(node.op).__name__} is not allowed")
+            self._validate(node.left)
+            self._validate(node.right)
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+                raise ExpressionError(f"{self.source!r}: operator {type(node.op).__name__} is not allowed")
+            self._validate(node.operand)
+        elif isinstance(node, ast.BoolOp):
+            for value in node.values:
+                self._validate(value)
+        elif isinstance(node, ast.Compare):
+            for op in node.ops:
+                if type(op) not in _CMPOPS:
+                    raise ExpressionError(f"{self.source!r}: comparison {type(op).__name__} is not allowed")
+            self._validate(node.left)
+            for comparator in node.comparators:
+                self._validate(comparator)
+        elif isinstance(node, ast.IfExp):
+            self._validate(node.test)
+            self._validate(node.body)
+            self._validate(node.orelse)
+        elif isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS:
+                raise ExpressionError(f"{self.source!r}: only min() and max() may be called")
+            if node.keywords or not node.args or any(isinstance(a, ast.Starred) for a in node.args):
+                raise ExpressionError(f"{self.source!r}: {node.func.id}() takes positional arguments only")
+            for arg in node.args:
+                self._validate(arg)
+        else:
+            raise ExpressionError(f"{self.source!r}: {type(node).__name__} is not allowed")
+
+    def evaluate(self, env: Mapping[str, Any]) -> Value:
+        try:
+            return self._eval(self._tree, env)
+        except ExpressionError:
+            raise
+        except (ArithmeticError, TypeError, ValueError) as exc:
+            raise ExpressionError(f"{self.source!r}: {type(exc).__name__}: {exc}") from None
+
+    def _eval(self, node: ast.AST, env: Mapping[str, Any]) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in env:
+                raise ExpressionError(f"{self.source!r}: unknown name {node.id!r}")
+            return env[node.id]
+        if isinstance(node, ast.BinOp):
+            left, right = self._eval(node.left, env), self._eval(node.right, env)
+            if isinstance(node.op, ast.Pow) and isinstance(right, (int, float)) and abs(right) > _MAX_EXPONENT:
+                raise ExpressionError(f"{self.source!r}: exponent {right} is too large")
+            return _BINOPS[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp):
+            operand = self._eval(node.operand, env)
+            if isinstance(node.op, ast.Not):
+                return not operand
+            return -operand if isinstance(node.op, ast.USub) else +operand
+        if isinstance(node, ast.BoolOp):
+            is_and = isinstance(node.op, ast.And)
+            result: Any = is_and
+            for value in node.values:  # short-circuits like Python
+                result = self._eval(value, env)
+                if bool(result) != is_and:
+                    return result
+            return result
+        if isinstance(node, ast.Compare):
+            left = self._eval(node.left, env)
+            for op, comparator in zip(node.ops, node.comparators):
+                right = self._eval(comparator, env)
+                if not _CMPOPS[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.IfExp):
+            return self._eval(node.body if self._eval(node.test, env) else node.orelse, env)
+        if isinstance(node, ast.Call):
+            return _FUNCS[node.func.id](*(self._eval(a, env) for a in node.args))  # type: ignore[union-attr]
+        raise ExpressionError(f"{self.source!r}: {type(node).__name__} is not allowed")  # pragma: no cover
+
+
+
+class FamilyError(ValueError):
+    """A family file that cannot be used, with the reason."""
+
+
+class ParamsError(ValueError):
+    """A parameter point outside the family's space; `reasons` lists every problem."""
+
+    def __init__(self, family: str, reasons: list[str]):
+        self.family = family
+        self.reasons = reasons
+        super().__init__(f"family {family!r}: " + "; ".join(reasons))
+
+
+class Constraint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    expr: str
+    message: str = ""
+
+
+class FamilySpec(BaseModel):
+    """The contents of `family.toml`, as written."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    workloads: list[str] = Field(min_length=1)
+    description: str = ""
+    render: list[str] = Field(default_factory=list)
+    copy_files: list[str] = Field(default_factory=list, alias="copy")
+    cuda_sources: list[str] = Field(default_factory=list)
+    kernels: list[str] = Field(default_factory=list)
+    # Extra nvcc flags for the check stage's compile (e.g. "-std=c++17"); optional.
+    nvcc_flags: list[str] = Field(default_factory=list)
+    parameters: dict[str, list[Value]] = Field(min_length=1)
+    defaults: dict[str, Value]
+    derived: dict[str, str] = Field(default_factory=dict)
+    constraints: list[Constraint] = Field(default_factory=list)
+
+    @field_validator("parameters")
+    @classmethod
+    def _values_nonempty_unique(cls, v: dict[str, list[Value]]) -> dict[str, list[Value]]:
+        for name, values in v.items():
+            if not name.isidentifier():
+                raise ValueError(f"parameter name {name!r} is not an identifier")
+            if not values:
+                raise ValueError(f"parameter {name!r} has no values")
+            if len({(type(x).__name__, x) for x in values}) != len(values):
+                raise ValueError(f"parameter {name!r} lists a value twice")
+        return v
+
+
+class ConstraintFailure(BaseModel):
+    expr: str
+    message: str
+    values: dict[str, Value]  # the names the expression read, with their values
+
+    def explain(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(self.values.items()))
+        text = self.message or "constraint not met"
+        return f"{text} ({self.expr}; {shown})"
+
+
+class Family:
+    """A loaded, validated family. `directory` holds its templates."""
+
+    def __init__(self, spec: FamilySpec, directory: Path):
+        self.spec = spec
+        self.directory = directory
+        self.name = spec.name
+        self.parameters = spec.parameters
+        self._derived = self._compile_derived(spec)
+        self._constraints = self._compile_constraints(spec)
+        self._check_files()
+        failures = self.check(spec.defaults)
+        if failures:
+            raise FamilyError(f"family {self.name!r}: defaults are not admitted: " + "; ".join(failures))
+
+    # ---- loading-time validation -------------------------------------------------------
+    def _compile_derived(self, spec: FamilySpec) -> list[tuple[str, Expression]]:
+        known = set(spec.parameters)
+        out = []
+        for name, source in spec.derived.items():  # TOML keeps order: each may use earlier ones
+            if not name.isidentifier():
+                raise FamilyError(f"family {spec.name!r}: derived name {name!r} is not an identifier")
+            if name in spec.parameters:
+                raise FamilyError(f"family {spec.name!r}: derived {name!r} shadows a parameter")
+            try:
+                expr = Expression(source)
+            except ExpressionError as exc:
+                raise FamilyError(f"family {spec.name!r}: derived {name!r}: {exc}") from None
+            unknown = expr.names - known
+            if unknown:
+                raise FamilyError(f"family {spec.name!r}: derived {name!r} uses unknown names {sorted(unknown)}")
+            known.add(name)
+            out.append((name, expr))
+        return out
+
+    def _compile_constraints(self, spec: FamilySpec) -> list[tuple[Constraint, Expression]]:
+        known = set(spec.parameters) | set(spec.derived)
+        out = []
+        for c in spec.constraints:
+            try:
+                expr = Expression(c.expr)
+            except ExpressionError as exc:
+                raise FamilyError(f"family {spec.name!r}: constraint: {exc}") from None
+            unknown = expr.names - known
+            if unknown:
+                raise FamilyError(f"family {spec.name!r}: constraint {c.expr!r} uses unknown names {sorted(unknown)}")
+            out.append((c, expr))
+        return out
+
+    def _check_files(self) -> None:
+        for rel in self.spec.render:
+            if not rel.endswith(".j2"):
+                raise FamilyError(f"family {self.name!r}: render entry {rel!r} must end in .j2")
+            if not (self.directory / rel).is_file():
+                raise FamilyError(f"family {self.name!r}: template {rel!r} not found in {self.directory}")
+        for rel in self.spec.copy_files:
+            if not (self.directory / rel).is_file():
+                raise FamilyError(f"family {self.name!r}: copied file {rel!r} not found")
+        outputs = set(self.output_names())
+        if len(outputs) != len(self.spec.render) + len(self.spec.copy_files):
+            raise FamilyError(f"family {self.name!r}: two rendered or copied files share an output name")
+        for src in self.spec.cuda_sources:
+            if src not in outputs:
+                raise FamilyError(f"family {self.name!r}: cuda source {src!r} is neither rendered nor copied")
+        if "params.json" in outputs:
+            raise FamilyError(f"family {self.name!r}: params.json is written by the renderer")
+
+    # ---- queries ----------------------------------------------------------------------
+    def output_names(self) -> list[str]:
+        """File names in a rendered candidate (without params.json)."""
+        return [Path(r).name[: -len(".j2")] for r in self.spec.render] + [Path(c).name for c in self.spec.copy_files]
+
+    @property
+    def defaults(self) -> dict[str, Value]:
+        return dict(self.spec.defaults)
+
+    def param_errors(self, params: Mapping[str, Any]) -> list[str]:
+        """Problems with the names and values of `params` (not the constraints)."""
+        errors = []
+        for name in params:
+            if name not in self.parameters:
+                errors.append(f"unknown parameter {name!r}")
+        for name, allowed in self.parameters.items():
+            if name not in params:
+                errors.append(f"missing parameter {name!r}")
+            elif not _member(params[name], allowed):
+                errors.append(f"{name}={params[name]!r} is not one of {allowed}")
+        return errors
+
+    def environment(self, params: Mapping[str, Any]) -> dict[str, Value]:
+        """Parameters plus derived values (the names templates and constraints see)."""
+        env: dict[str, Value] = dict(params)
+        for name, expr in self._derived:
+            try:
+                env[name] = expr.evaluate(env)
+            except ExpressionError as exc:
+                raise ParamsError(self.name, [f"derived {name!r}: {exc}"]) from None
+        return env
+
+    def constraint_failures(self, params: Mapping[str, Any]) -> list[ConstraintFailure]:
+        env = self.environment(params)
+        failures = []
+        for constraint, expr in self._constraints:
+            try:
+                ok = bool(expr.evaluate(env))
+            except ExpressionError:
+                ok = False
+            if not ok:
+                failures.append(ConstraintFailure(
+                    expr=constraint.expr, message=constraint.message,
+                    values={n: env[n] for n in sorted(expr.names) if n in env}))
+        return failures
+
+    def check(self, params: Mapping[str, Any]) -> list[str]:
+        """Every reason `params` is not an admitted point; empty when it is."""
+        errors = self.param_errors(params)
+        if errors:
+            return errors
+        try:
+            return [f.explain() for f in self.constraint_failures(params)]
+        except ParamsError as exc:
+            return exc.reasons
+
+    def validate(self, params: Mapping[str, Any]) -> dict[str, Value]:
+        """`params` if admitted, else ParamsError naming each failed check."""
+        errors = self.check(params)
+        if errors:
+            raise ParamsError(self.name, errors)
+        return {name: params[name] for name in self.parameters}
+
+    def admits(self, params: Mapping[str, Any]) -> bool:
+        return not self.check(params)
+
+    def restrict(self, fixed: Mapping[str, Value] | None = None,
+                 subspace: Mapping[str, list[Value]] | None = None) -> Family:
+        """A family over a smaller space: `fixed` pins values, `subspace` narrows lists."""
+        parameters = {k: list(v) for k, v in self.parameters.items()}
+        for name, value in (fixed or {}).items():
+            if name not in parameters:
+                raise FamilyError(f"family {self.name!r}: cannot fix unknown parameter {name!r}")
+            if not _member(value, parameters[name]):
+                raise FamilyError(f"family {self.name!r}: fixed {name}={value!r} is not one of {parameters[name]}")
+            parameters[name] = [value]
+        for name, values in (subspace or {}).items():
+            if name not in parameters:
+                raise FamilyError(f"family {self.name!r}: subspace names unknown parameter {name!r}")
+            bad = [v for v in values if not _member(v, parameters[name])]
+            if bad or not values:
+                raise FamilyError(f"family {self.name!r}: subspace {name}={values!r} is not within {parameters[name]}")
+            parameters[name] = list(values)
+        defaults = dict(self.spec.defaults)
+        for name, values in parameters.items():
+            if not _member(defaults[name], values):
+                defaults[name] = values[0]
+        spec = self.spec.model_copy(update={"parameters": parameters, "defaults": defaults})
+        try:
+            return Family(spec, self.directory)
+        except FamilyError:
+            # The narrowed defaults may break a constraint: take the first admitted point.
+            point = next(iter(_points(parameters, lambda p: not self._quick_check(p))), None)
+            if point is None:
+                raise FamilyError(f"family {self.name!r}: the restricted space admits no point") from None
+            return Family(spec.model_copy(update={"defaults": point}), self.directory)
+
+    def _quick_check(self, params: Mapping[str, Any]) -> list[str]:
+        try:
+            return [f.explain() for f in self.constraint_failures(params)]
+        except ParamsError as exc:
+            return exc.reasons
+
+    # ---- the space --------------------------------------------------------------------
+    def size_upper_bound(self) -> int:
+        n = 1
+        for values in self.parameters.values():
+            n *= len(values)
+        return n
+
+    def points(self) -> Iterator[dict[str, Value]]:
+        """Every admitted point, defaults first, then in declaration order."""
+        yield self.defaults
+        for point in _points(self.parameters, lambda p: not self._quick_check(p)):
+            if point != self.spec.defaults:
+                yield point
+
+    def sample(self, rng: random.Random, attempts: int = 200) -> dict[str, Value]:
+        """A uniformly drawn admitted point (rejection sampling, then enumeration)."""
+        for _ in range(attempts):
+            point = {k: rng.choice(v) for k, v in self.parameters.items()}
+            if not self._quick_check(point):
+                return point
+        admitted = list(self.points())
+        return dict(rng.choice(admitted))
+
+
+def _member(value: Any, allowed: list[Value]) -> bool:
+    # bool is an int in Python; keep True distinct from 1 so a typo is caught.
+    return any(type(value) is type(a) and value == a for a in allowed) or (
+        isinstance(value, int) and not isinstance(value, bool)
+        and any(isinstance(a, float) and value == a for a in allowed))
+
+
+def _points(parameters: Mapping[str, list[Value]], admitted) -> Iterator[dict[str, Value]]:
+    names = list(parameters)
+    for combo in itertools.product(*(parameters[n] for n in names)):
+        point = dict(zip(names, combo))
+        if admitted(point):
+            yield point
+
+
+def load_family(directory: str | Path) -> Family:
+    """Load and validate `directory/family.toml`."""
+    directory = Path(directory)
+    path = directory / FAMILY_FILE
+    if not path.is_file():
+        raise FamilyError(f"no {FAMILY_FILE} in {directory}")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise FamilyError(f"{path}: {exc}") from None
+    try:
+        spec = FamilySpec.model_validate(raw)
+    except ValidationError as exc:
+        raise FamilyError(f"{path}: {_describe(exc)}") from None
+    return Family(spec, directory.resolve())
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}" for e in exc.errors())
+
+
+def canonical_params(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A hashable, order-free key of a parameter point."""
+    return tuple(sorted((k, (type(v).__name__, v)) for k, v in params.items()))

@@ -1,0 +1,358 @@
+"""The run loop: propose, render, register, evaluate, promote, within budgets.
+
+Work is taken in this order: evaluations a dead process of the resumed run left
+unfinished (retried as new attempts with `retry_of`), then candidates waiting in the
+population (agent registrations), then the strategy's proposals. Pipelines run on a
+thread pool one wider than the GPU concurrency, so a CPU check overlaps the GPU stages;
+the GPU stages themselves pass through the context's gate.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TextIO
+
+from kcoral import Client
+from pydantic import BaseModel, Field
+
+from evolve.config import RunConfig
+from evolve.families import Family
+from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
+from evolve.population import Candidate, NewCandidate, Population, Run
+from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
+from evolve.render import RenderError, render_candidate
+from evolve.strategies import Parent, SearchState, make_strategy, point_key
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 10.0
+MAX_DUPLICATES = 64          # consecutive already-known proposals before the space counts as used up
+
+
+class Job(BaseModel):
+    candidate_id: int
+    retry_of: dict[str, int] = Field(default_factory=dict)
+
+
+class RunSummary(BaseModel):
+    run_id: int
+    workload_id: int
+    evaluated: int
+    passed: int
+    failures: dict[str, int]
+    promotions: int
+    best_candidate_id: int | None
+    best_speedup: float | None
+    stopped_because: str
+    resumed_from: int | None = None
+    retried: list[int] = Field(default_factory=list)   # evaluation ids retried on resume
+
+
+def display_path(path: Path) -> str:
+    """Relative to the working directory when inside it (how candidates are stored)."""
+    resolved = path.resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return resolved.as_posix()
+
+
+def server_concurrency(health: dict) -> int:
+    """GPU worker count of a GPU server (one program per GPU at a time), else CPU workers."""
+    gpus = int(health.get("gpu_count") or 0)
+    if gpus > 0:
+        return gpus
+    workers = health.get("workers") or []
+    return max(1, len(workers))
+
+
+class Progress:
+    """One status line: redrawn in place on a terminal, periodic lines otherwise."""
+
+    def __init__(self, stream: TextIO, gpu_slots: int, interval_s: float = 5.0, has_gpu: bool = True):
+        self.stream = stream
+        self.has_gpu = has_gpu
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.gpu_slots = gpu_slots
+        self.interval_s = interval_s if not self.tty else 0.5
+        self._last = 0.0
+
+    def line(self, stats: RunStats) -> str:
+        wall = time.monotonic() - stats.started_at
+        busy = stats.lease_held_ms / (wall * 1000.0 * self.gpu_slots) if wall > 0 else 0.0
+        fails = " ".join(f"{k}={v}" for k, v in sorted(stats.failures.items())) or "none"
+        best = "-" if stats.best_speedup is None else (
+            f"{stats.best_ms:.4f} ms {stats.best_speedup:.3f}x" if stats.best_ms else f"{stats.best_speedup:.3f}x")
+        m, s = divmod(int(wall), 60)
+        gpu = f"{busy:.0%}" if self.has_gpu else "- (CPU server)"
+        return (f"[evolve {m:02d}:{s:02d}] evaluated {stats.evaluated}  in flight {stats.in_flight}  "
+                f"failures {fails}  best {best}  promotions {stats.promotions}  gpu busy {gpu}")
+
+    def update(self, stats: RunStats, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval_s:
+            return
+        self._last = now
+        text = self.line(stats)
+        if self.tty:
+            self.stream.write("\r" + text + "\x1b[K")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self, stats: RunStats) -> None:
+        self.update(stats, force=True)
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class SearchLoop:
+    def __init__(self, config: RunConfig, client: Client, pop: Population, *, resume: bool = False,
+                 stream: TextIO | None = None, progress_interval_s: float = 5.0):
+        self.config = config
+        self.client = client
+        self.pop = pop
+        self.resume = resume
+        self.stream = stream or sys.stderr
+        self.progress_interval_s = progress_interval_s
+        self.cancel = threading.Event()
+
+    # ---- resume ------------------------------------------------------------------------
+    def _previous_run(self, workload_id: int) -> Run | None:
+        for run in reversed(self.pop.runs(workload_id)):
+            if not self.pop.run_alive(run):
+                return run
+        return None
+
+    def _resume_jobs(self, prev: Run, stages: list[str]) -> tuple[list[Job], list[int]]:
+        """Jobs that finish what `prev` left: interrupted stages, and pipelines cut between stages."""
+        jobs: dict[int, Job] = {}
+        retried: list[int] = []
+        for ev in self.pop.interrupted(prev.id, heartbeat_timeout_s=0):
+            if self.pop.mark_interrupted(ev.id, f"interrupted: run {prev.id} died; retried by a resumed run"):
+                jobs.setdefault(ev.candidate_id, Job(candidate_id=ev.candidate_id)).retry_of[ev.stage] = ev.id
+                retried.append(ev.id)
+        if prev.state == "running":
+            self.pop.finish_run(prev.id, "interrupted")
+        for cand in self.pop.candidates(prev.workload_id):
+            if cand.id in jobs:
+                continue
+            evs = self.pop.evaluations(cand.id)
+            if not any(e.run_id == prev.id for e in evs) or any(e.status in ("failed", "running") for e in evs):
+                continue
+            passed = {e.stage for e in evs if e.status == "passed"}
+            if not set(stages) <= passed:
+                jobs[cand.id] = Job(candidate_id=cand.id)
+        return list(jobs.values()), retried
+
+    # ---- the search state --------------------------------------------------------------
+    def _state(self, workload_id: int, tried: set, proposals: int) -> SearchState:
+        correct = [Parent(id=c.id, family=c.family, params=c.params, speedup=s, generation=c.generation)
+                   for c, s in self.pop.correct(workload_id)]
+        return SearchState(correct=correct, tried=tried, proposal_index=proposals)
+
+    def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int) -> Candidate | None:
+        family = families[proposal.family]
+        try:
+            directory = render_candidate(family, proposal.params, self.config.gen_dir)
+        except RenderError as exc:
+            log.error("render failed: %s", exc)
+            return None
+        cand, _created = self.pop.add_candidate(NewCandidate(
+            workload_id=workload_id, origin="seed" if proposal.operator == "seed" else "template",
+            family=family.name, params=proposal.params, digest=directory.name,
+            directory=display_path(directory), parents=proposal.parents, generation=proposal.generation,
+            operator=proposal.operator, run_id=run_id))
+        return cand
+
+    # ---- the loop ----------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        cfg = self.config
+        families = cfg.load_families()
+        stages = cfg.enabled_stages()
+        workload_id = self.pop.ensure_workload(cfg.workload_name, display_path(cfg.workload_dir))
+        health = self.client.health()
+        slots = cfg.remote.concurrency or server_concurrency(health)
+
+        jobs: list[Job] = []
+        retried: list[int] = []
+        prev = self._previous_run(workload_id) if self.resume else None
+        if self.resume and prev is None:
+            self.stream.write("evolve: nothing to resume for this workload; starting a new run\n")
+        if prev is not None:
+            jobs, retried = self._resume_jobs(prev, stages)
+        record = cfg.to_record() | {"resumed_from": prev.id if prev else None}
+        run_id = self.pop.start_run(workload_id, record, cfg.strategy.kind)
+
+        stats = RunStats()
+        ctx = StageContext(client=self.client, pop=self.pop, workload_id=workload_id,
+                           workload_dir=cfg.workload_dir, run_id=run_id, stages=cfg.stages, families=families,
+                           gate=GpuGate(self.client, slots, cfg.remote.max_queue),
+                           transport_wait_s=cfg.remote.transport_wait_s, root_dir=cfg.root_dir, stats=stats,
+                           cancel=self.cancel)
+        promoter = Promoter(ctx, cfg.promotion)
+        strategy = make_strategy(cfg.strategy, families)
+        rng = random.Random(f"{cfg.strategy.seed}:{run_id}")
+        progress = Progress(self.stream, slots, self.progress_interval_s,
+                            has_gpu=int(health.get("gpu_count") or 0) > 0)
+
+        tried: set = set()
+        submitted: set[int] = set()
+        proposals = 0
+        started = time.monotonic()
+        deadline = self._deadline(started)
+        exhausted = False
+        started_jobs = 0
+        stopped = "budget"
+        futures: dict[Future, int] = {}
+        self._refresh_best(workload_id, stats)
+
+        def job_fn(job: Job) -> tuple[PipelineOutcome, Decision | None]:
+            cand = self.pop.candidate(job.candidate_id)
+            assert cand is not None
+            outcome = run_pipeline(ctx, cand, stages, job.retry_of)
+            decision = None
+            if outcome.passed and outcome.bench is not None and "bench" in stages:
+                decision = promoter.consider(cand, outcome.bench, retry_of=job.retry_of.get(CONFIRM_STAGE))
+            return outcome, decision
+
+        def next_job() -> Job | None:
+            nonlocal proposals, exhausted
+            if jobs:
+                return jobs.pop(0)
+            for cand in self.pop.unevaluated(workload_id):
+                if cand.id not in submitted:
+                    return Job(candidate_id=cand.id)
+            duplicates = 0
+            while duplicates < MAX_DUPLICATES:
+                proposal = strategy.propose(self._state(workload_id, tried, proposals), rng)
+                if proposal is None:
+                    exhausted = True
+                    return None
+                proposals += 1
+                tried.add(proposal.key)
+                cand = self._register(families, proposal, workload_id, run_id)
+                if cand is None:
+                    stats.failures["render"] += 1
+                    continue
+                tried.add(point_key(cand.family or "", cand.params))
+                if cand.id not in submitted and not self.pop.evaluations(cand.id):
+                    return Job(candidate_id=cand.id)
+                duplicates += 1
+            exhausted = not futures  # nothing new nearby and nothing running: the space is used up
+            return None
+
+        last_beat = time.monotonic()
+        executor = ThreadPoolExecutor(max_workers=slots + 1, thread_name_prefix="evolve-stage")
+        try:
+            while True:
+                reason = self._budget_left(started_jobs, started, deadline)
+                if reason is None and not exhausted:
+                    while len(futures) < slots + 1:
+                        job = next_job()
+                        if job is None:
+                            break
+                        submitted.add(job.candidate_id)
+                        started_jobs += 1
+                        futures[executor.submit(job_fn, job)] = job.candidate_id
+                        with stats.lock:
+                            stats.in_flight = len(futures)
+                        if self._budget_left(started_jobs, started, deadline) is not None:
+                            break
+                elif reason is not None:
+                    stopped = reason
+                if not futures:
+                    if exhausted:
+                        stopped = "search space exhausted"
+                    break
+                done, _ = wait(list(futures), timeout=0.5, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    futures.pop(fut)
+                    self._account(fut, stats)
+                if done:
+                    self._refresh_best(workload_id, stats)
+                with stats.lock:
+                    stats.in_flight = len(futures)
+                if time.monotonic() - last_beat > HEARTBEAT_S:
+                    self.pop.heartbeat_run(run_id)
+                    last_beat = time.monotonic()
+                progress.update(stats)
+        except KeyboardInterrupt:
+            self.cancel.set()
+            executor.shutdown(wait=True, cancel_futures=True)
+            self.pop.finish_run(run_id, "interrupted")
+            progress.close(stats)
+            raise
+        except BaseException:
+            self.cancel.set()
+            executor.shutdown(wait=True, cancel_futures=True)
+            self.pop.finish_run(run_id, "failed")
+            raise
+        executor.shutdown(wait=True)
+        self.pop.finish_run(run_id, "finished")
+        progress.close(stats)
+        best = self.pop.best(workload_id)
+        return RunSummary(run_id=run_id, workload_id=workload_id, evaluated=stats.evaluated, passed=stats.passed,
+                          failures=dict(stats.failures), promotions=stats.promotions,
+                          best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup,
+                          stopped_because=stopped, resumed_from=prev.id if prev else None, retried=retried)
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _deadline(self, started: float) -> float | None:
+        limits = []
+        if self.config.budget.hours is not None:
+            limits.append(started + self.config.budget.hours * 3600.0)
+        if self.config.budget.deadline is not None:
+            left = (self.config.budget.deadline - datetime.now(timezone.utc)).total_seconds()
+            limits.append(started + left)
+        return min(limits) if limits else None
+
+    def _budget_left(self, started_jobs: int, started: float, deadline: float | None) -> str | None:
+        """None while there is budget for another pipeline, else why not."""
+        if self.cancel.is_set():
+            return "cancelled"
+        max_evals = self.config.budget.max_evals
+        if max_evals is not None and started_jobs >= max_evals:
+            return f"max_evals={max_evals} reached"
+        if deadline is not None and time.monotonic() >= deadline:
+            return "time budget spent"
+        return None
+
+    def _account(self, fut: Future, stats: RunStats) -> None:
+        try:
+            outcome, decision = fut.result()
+        except Exception as exc:  # a bug, not a candidate failure: keep the run going, say so
+            log.exception("pipeline crashed")
+            with stats.lock:
+                stats.evaluated += 1
+                stats.failures["internal"] += 1
+            self.stream.write(f"evolve: pipeline error: {type(exc).__name__}: {exc}\n")
+            return
+        with stats.lock:
+            if not outcome.skipped:
+                stats.evaluated += 1
+            if outcome.passed:
+                stats.passed += 1
+            elif outcome.failure_kind:
+                stats.failures[outcome.failure_kind] += 1
+            if decision is not None and decision.promoted:
+                stats.promotions += 1
+        if decision is not None:
+            verb = "promoted" if decision.promoted else "not promoted"
+            self.stream.write(f"\nevolve: candidate {decision.candidate_id} {verb}: {decision.reason}\n")
+
+    def _refresh_best(self, workload_id: int, stats: RunStats) -> None:
+        best = self.pop.best(workload_id)
+        if best is None:
+            return
+        for ev in reversed(self.pop.evaluations(best.candidate_id, "bench")):
+            if ev.status == "passed":
+                stats.best_ms, stats.best_speedup = ev.ms, ev.speedup
+                return

@@ -1,0 +1,44 @@
+"""The bench stage: the official benchmark (holdout, correctness, timing) of a candidate."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from evolve.pipeline.context import StageContext
+from evolve.pipeline.errors import TransportTrouble, normalise_kind
+from evolve.pipeline.timings import jsonable
+from evolve.population import Candidate, StageResult
+
+
+def bench_result(rep, against: Path | None = None) -> StageResult:
+    """A BenchReport as a stage result."""
+    metrics = {
+        "baseline_name": getattr(rep, "baseline_name", None),
+        "holdout_pass": getattr(rep, "holdout_pass", None),
+        "cases": jsonable(getattr(rep, "cases", None)),
+    }
+    if against is not None:
+        metrics["against"] = str(against)
+    metrics["spreads"] = dict(getattr(rep, "spreads", {}) or {})
+    metrics["request_id"] = getattr(rep, "request_id", "")
+    gpu = getattr(rep, "gpu", None)
+    fields = dict(ms=rep.kernel_ms, baseline_ms=rep.baseline_ms, speedup=rep.speedup, spread=rep.spread,
+                  queue_ms=getattr(rep, "queue_ms", None), lease_held_ms=getattr(rep, "lease_held_ms", None),
+                  server_instance=getattr(rep, "server_instance", None), gpu=None if gpu is None else str(gpu))
+    if rep.passed:
+        return StageResult(status="passed", metrics=metrics, **fields)
+    kind = normalise_kind(getattr(rep, "failure_kind", None), "correctness")
+    message = getattr(rep, "message", None) or f"official benchmark failed ({kind})"
+    return StageResult(status="failed", failure_kind=kind, message=str(message)[:4000], metrics=metrics, **fields)
+
+
+def run(ctx: StageContext, cand: Candidate, against: Path | None = None) -> StageResult:
+    from kcoral.bench import run_bench  # the workload client; imported when a GPU stage runs
+
+    cfg = ctx.stages["bench"]
+    with ctx.gate.slot(ctx.cancel):
+        rep = run_bench(ctx.client, ctx.workload_dir, ctx.candidate_dir(cand), timeout=cfg.timeout,
+                        against=against)
+    if not rep.passed and rep.failure_kind == "transport":
+        # The server went away mid-call: wait for it and run again inside the same row.
+        raise TransportTrouble(rep.message)
+    return bench_result(rep, against)

@@ -1,0 +1,33 @@
+"""The gputest stage: the workload's small correctness cases across regimes."""
+from __future__ import annotations
+
+from evolve.pipeline.context import StageContext
+from evolve.pipeline.errors import TransportTrouble, normalise_kind
+from evolve.pipeline.timings import jsonable, outcome_fields
+from evolve.population import Candidate, StageResult
+
+
+def run(ctx: StageContext, cand: Candidate) -> StageResult:
+    from kcoral.bench import run_gputest  # the workload client; imported when a GPU stage runs
+
+    cfg = ctx.stages["gputest"]
+    with ctx.gate.slot(ctx.cancel):
+        rep = run_gputest(ctx.client, ctx.workload_dir, ctx.candidate_dir(cand), cases=cfg.cases,
+                          timeout=cfg.timeout)
+    if not rep.passed and not rep.regimes and rep.message.split(":")[0] in ("transport", "busy"):
+        raise TransportTrouble(rep.message)
+    regimes = jsonable(getattr(rep, "regimes", {}) or {})
+    timing = outcome_fields(getattr(rep, "outcome", None))
+    if rep.passed:
+        return StageResult(status="passed", metrics={"regimes": regimes}, **timing)
+    if rep.timed_out or rep.message.startswith("timeout"):
+        kind, message = "timeout", rep.message or f"gputest ran past {cfg.timeout:.0f} s"
+    elif not regimes:
+        # Nothing judged: the test script or the candidate's import broke.
+        kind = normalise_kind(rep.message.split(":")[0], "runtime") if rep.message else "runtime"
+        message = f"{rep.message}\n{(rep.stderr or rep.stdout)[-3000:]}"
+    else:
+        bad = {k: v for k, v in regimes.items() if v}
+        kind, message = "correctness", f"bad regimes: {bad}" if bad else f"exit {rep.exit_code}: {rep.stderr[-2000:]}"
+    return StageResult(status="failed", failure_kind=kind, message=message.strip()[:4000],
+                       metrics={"regimes": regimes, "exit_code": rep.exit_code}, **timing)

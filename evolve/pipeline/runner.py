@@ -1,0 +1,110 @@
+"""Run a candidate through the enabled stages, cheapest first; a failure ends it.
+
+Each stage attempt is one evaluation row: claimed with `begin_stage`, closed with
+`finish_stage`. Transport trouble (the server restarting, refusing connections, 503) is
+retried inside the same row, so nothing is recorded twice; only when the server stays
+away longer than `transport_wait_s` does the row fail with kind `transport`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from evolve.pipeline import bench, check, gputest, iket, ncu
+from evolve.pipeline.context import StageContext
+from evolve.pipeline.errors import failure_kind, is_transport_error
+from evolve.population import Candidate, StageResult
+
+log = logging.getLogger(__name__)
+
+STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Candidate], StageResult]] = {
+    "check": check.run, "gputest": gputest.run, "iket": iket.run, "ncu": ncu.run, "bench": bench.run,
+}
+LOCAL_STAGES = {"check"}
+
+
+class PipelineOutcome(BaseModel):
+    candidate_id: int
+    passed: bool
+    stage: str | None = None           # the stage that failed, or that another process holds
+    failure_kind: str | None = None
+    message: str = ""
+    skipped: bool = False              # another process holds a stage of this candidate
+    bench: StageResult | None = None
+    bench_eval_id: int | None = None
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
+    """Run `fn`, waiting out transport trouble; any other error becomes a failed result."""
+    def not_cancelled(exc: BaseException) -> bool:
+        if ctx.cancel.is_set():
+            return False
+        if is_transport_error(exc):
+            log.warning("server unreachable, retrying: %s", exc)
+            return True
+        return False
+
+    retrying = Retrying(retry=retry_if_exception(not_cancelled), stop=stop_after_delay(ctx.transport_wait_s),
+                        wait=wait_exponential(multiplier=0.5, max=5.0), reraise=True)
+    try:
+        result = retrying(fn)
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded with its kind
+        kind = "transport" if is_transport_error(exc) else failure_kind(exc)
+        return StageResult(status="failed", failure_kind=kind, message=f"{type(exc).__name__}: {exc}"[:4000])
+    return result
+
+
+def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | None = None,
+              fn: Callable[[], StageResult] | None = None) -> tuple[int | None, StageResult | None]:
+    """Claim, run and record one stage; (None, None) when the claim is refused."""
+    eid = ctx.pop.begin_stage(cand.id, stage, run_id=ctx.run_id, retry_of=retry_of)
+    if eid is None:
+        return None, None
+    started = time.monotonic()
+    result = attempt(ctx, fn or (lambda: STAGE_FUNCTIONS[stage](ctx, cand)))
+    if stage not in LOCAL_STAGES and result.server_instance is None:
+        result = result.model_copy(update={"server_instance": ctx.server_instance()})
+    result.metrics.setdefault("wall_s", round(time.monotonic() - started, 3))
+    if not ctx.pop.finish_stage(eid, result):
+        log.warning("evaluation %s was closed by someone else; result dropped", eid)
+    ctx.stats.add_lease(result.lease_held_ms)
+    return eid, result
+
+
+def run_pipeline(ctx: StageContext, cand: Candidate, stages: list[str],
+                 retry_of: dict[str, int] | None = None) -> PipelineOutcome:
+    retry_of = retry_of or {}
+    bench_result: StageResult | None = None
+    bench_eid: int | None = None
+    for stage in stages:
+        if ctx.cancel.is_set():
+            return PipelineOutcome(candidate_id=cand.id, passed=False, stage=stage, skipped=True,
+                                   message="cancelled")
+        eid, result = run_stage(ctx, stage, cand, retry_of.get(stage))
+        if eid is None:
+            done = [e for e in ctx.pop.evaluations(cand.id, stage) if e.status == "passed"]
+            if not done:
+                return PipelineOutcome(candidate_id=cand.id, passed=False, stage=stage, skipped=True,
+                                       message=f"stage {stage} is running elsewhere")
+            if stage == "bench":  # passed earlier (e.g. before a restart): reuse it
+                last = done[-1]
+                bench_eid = last.id
+                bench_result = StageResult(status="passed", ms=last.ms, baseline_ms=last.baseline_ms,
+                                           speedup=last.speedup, spread=last.spread, metrics=last.metrics)
+            continue
+        assert result is not None
+        if result.status == "failed":
+            return PipelineOutcome(candidate_id=cand.id, passed=False, stage=stage,
+                                   failure_kind=result.failure_kind, message=result.message)
+        if stage == "bench":
+            bench_result, bench_eid = result, eid
+    return PipelineOutcome(candidate_id=cand.id, passed=True, bench=bench_result, bench_eval_id=bench_eid)

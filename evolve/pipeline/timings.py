@@ -1,0 +1,33 @@
+"""Copy the server's timing facts from an outcome into a stage result's fields."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def outcome_fields(outcome: Any) -> dict[str, Any]:
+    """queue_ms and lease_held_ms of a kcoral Outcome (absent ones stay None)."""
+    if outcome is None:
+        return {}
+    out = {}
+    for name in ("queue_ms", "lease_held_ms"):
+        value = getattr(outcome, name, None)
+        if isinstance(value, (int, float)):
+            out[name] = float(value)
+    return out
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON data from pydantic models, dataclasses, bytes and containers."""
+    if hasattr(value, "model_dump"):
+        return jsonable(value.model_dump(mode="json"))
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "__dict__"):
+        return jsonable(vars(value))
+    return str(value)

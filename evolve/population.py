@@ -1,0 +1,637 @@
+"""The population: everything the search knows, and the only way it reaches the database.
+
+Each method is one short transaction. Writes take SQLite's write lock when they begin
+(see `evolve.db.engine`), so concurrent processes queue. State changes are
+compare-and-set UPDATEs on the current status, so two processes never both finish,
+interrupt or claim the same evaluation: `begin_stage` is backed by a partial unique
+index (one running-or-passed row per candidate and stage, except repeatable stages such
+as "confirm"), `finish_stage` and `mark_interrupted` only move rows that are "running".
+"""
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, exists, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from evolve.db import Database, open_database
+from evolve.db.models import (
+    REPEATABLE_STAGES,
+    CandidateModel,
+    CandidateParentModel,
+    EvaluationModel,
+    PromotionConfirmationModel,
+    PromotionModel,
+    RunModel,
+    WorkloadModel,
+    utcnow,
+)
+from evolve.db.snapshots import (
+    EVALUATION_COLUMNS,
+    candidate_snapshot,
+    load_candidates,
+    load_evaluations,
+    plain_rows,
+    promotion_snapshot,
+    select_candidates,
+    with_parents,
+)
+from evolve.db.records import (
+    Candidate,
+    Evaluation,
+    EvaluationSummary,
+    LeaderboardRow,
+    NewCandidate,
+    Promotion,
+    Run,
+    RunState,
+    StageResult,
+    StatusCount,
+    Workload,
+)
+from evolve.leaderboard import leaderboard_rows
+
+__all__ = [
+    "Candidate",
+    "Evaluation",
+    "EvaluationSummary",
+    "LeaderboardRow",
+    "NewCandidate",
+    "Population",
+    "Promotion",
+    "Run",
+    "StageResult",
+    "StatusCount",
+    "Workload",
+]
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 300.0
+_CLAIM_RETRIES = 8
+_LIVE = ("running", "passed")
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+class Population:
+    """Typed access to workloads, runs, candidates, evaluations and promotions.
+
+    `heartbeat_timeout_s`: a running run whose last heartbeat is older than this is
+    considered dead (its "running" evaluations are then reported by `interrupted`).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+        host: str | None = None,
+    ) -> None:
+        self.db = db
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.host = host or socket.gethostname()
+
+    @classmethod
+    def open(cls, url: str | None = None, **kwargs: Any) -> Population:
+        """Population over `open_database(url)` (default: $EVOLVE_DB or sqlite:///evolve.db)."""
+        return cls(open_database(url), **kwargs)
+
+    def close(self) -> None:
+        """Release the database's connections (the Population is unusable afterwards)."""
+        self.db.close()
+
+    # ---------------------------------------------------------------- workloads
+    def ensure_workload(self, name: str, path: str) -> int:
+        """The id of workload `name`, created with `path` if it is new (path is kept if not)."""
+        if not name:
+            raise ValueError("workload name is empty")
+        for _ in range(2):
+            try:
+                with self.db.write() as s:
+                    wid = s.scalar(select(WorkloadModel.id).where(WorkloadModel.name == name))
+                    if wid is not None:
+                        return wid
+                    row = WorkloadModel(name=name, path=path)
+                    s.add(row)
+                    s.flush()
+                    return row.id
+            except IntegrityError:  # created by another process between our read and insert
+                continue
+        raise RuntimeError(f"could not create or find workload {name!r}")
+
+    def workload(self, key: int | str) -> Workload | None:
+        """A workload by id or by name."""
+        column = WorkloadModel.id if isinstance(key, int) else WorkloadModel.name
+        with self.db.read() as s:
+            row = s.scalar(select(WorkloadModel).where(column == key))
+            return None if row is None else Workload.model_validate(row)
+
+    def workloads(self) -> list[Workload]:
+        with self.db.read() as s:
+            return [Workload.model_validate(r) for r in s.scalars(select(WorkloadModel).order_by(WorkloadModel.id))]
+
+    def workload_id(self, key: int | str | None) -> int | None:
+        """Resolve a workload given by id or name (None stays None); unknown names raise KeyError."""
+        if key is None:
+            return None
+        if isinstance(key, str) and key.isdigit():
+            key = int(key)
+        found = self.workload(key)
+        if found is None:
+            raise KeyError(f"no workload {key!r} in the database")
+        return found.id
+
+    # --------------------------------------------------------------------- runs
+    def start_run(
+        self,
+        workload_id: int,
+        config: dict[str, Any],
+        strategy: str,
+        *,
+        pid: int | None = None,
+        host: str | None = None,
+    ) -> int:
+        with self.db.write() as s:
+            if s.get(WorkloadModel, workload_id) is None:
+                raise KeyError(f"no workload with id {workload_id}")
+            now = utcnow()
+            row = RunModel(
+                workload_id=workload_id,
+                config=config,
+                strategy=strategy,
+                state="running",
+                host=host or self.host,
+                pid=os.getpid() if pid is None else pid,
+                started_at=now,
+                heartbeat_at=now,
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def heartbeat_run(self, run_id: int) -> bool:
+        """Refresh a running run's heartbeat; False if the run is not running any more."""
+        with self.db.write() as s:
+            result = s.execute(
+                update(RunModel)
+                .where(RunModel.id == run_id, RunModel.state == "running")
+                .values(heartbeat_at=utcnow())
+            )
+            return result.rowcount == 1  # type: ignore[attr-defined]
+
+    def finish_run(self, run_id: int, state: RunState) -> bool:
+        """running -> `state` (compare-and-set); False if the run was not running."""
+        if state == "running":
+            raise ValueError("finish_run needs a final state: finished, failed or interrupted")
+        with self.db.write() as s:
+            now = utcnow()
+            result = s.execute(
+                update(RunModel)
+                .where(RunModel.id == run_id, RunModel.state == "running")
+                .values(state=state, ended_at=now, heartbeat_at=now)
+            )
+            return result.rowcount == 1  # type: ignore[attr-defined]
+
+    def run(self, run_id: int) -> Run | None:
+        with self.db.read() as s:
+            row = s.get(RunModel, run_id)
+            return None if row is None else Run.model_validate(row)
+
+    def runs(self, workload_id: int | None = None) -> list[Run]:
+        query = select(RunModel).order_by(RunModel.id)
+        if workload_id is not None:
+            query = query.where(RunModel.workload_id == workload_id)
+        with self.db.read() as s:
+            return [Run.model_validate(r) for r in s.scalars(query)]
+
+    def run_alive(self, run: Run, *, heartbeat_timeout_s: float | None = None) -> bool:
+        """Running, with a fresh heartbeat, and (on this host) its process still exists."""
+        if run.state != "running":
+            return False
+        timeout = self.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
+        if utcnow() - run.heartbeat_at > timedelta(seconds=timeout):
+            return False
+        if run.host == self.host and not pid_exists(run.pid):
+            return False
+        return True
+
+    # --------------------------------------------------------------- candidates
+    def add_candidate(self, new: NewCandidate) -> tuple[Candidate, bool]:
+        """Store a candidate; an identical source (same workload and digest) returns the
+        existing row and created=False."""
+        try:
+            with self.db.write() as s:
+                existing = self._by_digest(s, new.workload_id, new.digest)
+                if existing is not None:
+                    return candidate_snapshot(existing), False
+                self._check_candidate_refs(s, new)
+                row = CandidateModel(
+                    workload_id=new.workload_id,
+                    name=new.name,
+                    origin=new.origin,
+                    family=new.family,
+                    params=new.params,
+                    digest=new.digest,
+                    directory=new.directory,
+                    generation=new.generation,
+                    operator=new.operator,
+                    author=new.author,
+                    notes=new.notes,
+                    run_id=new.run_id,
+                    created_at=utcnow(),
+                )
+                row.parent_links = [
+                    CandidateParentModel(position=i, parent_id=p) for i, p in enumerate(new.parents)
+                ]
+                s.add(row)
+                s.flush()
+                return candidate_snapshot(row), True
+        except IntegrityError:
+            # Lost a race on (workload_id, digest) where the backend doesn't serialise writers.
+            with self.db.read() as s:
+                existing = self._by_digest(s, new.workload_id, new.digest)
+                if existing is None:
+                    raise
+                return candidate_snapshot(existing), False
+
+    @staticmethod
+    def _by_digest(s: Session, workload_id: int, digest: str) -> CandidateModel | None:
+        return s.scalar(
+            select(CandidateModel).where(CandidateModel.workload_id == workload_id, CandidateModel.digest == digest)
+        )
+
+    @staticmethod
+    def _check_candidate_refs(s: Session, new: NewCandidate) -> None:
+        if s.get(WorkloadModel, new.workload_id) is None:
+            raise KeyError(f"no workload with id {new.workload_id}")
+        if new.run_id is not None and s.get(RunModel, new.run_id) is None:
+            raise KeyError(f"no run with id {new.run_id}")
+        if new.parents:
+            found = set(s.scalars(select(CandidateModel.id).where(CandidateModel.id.in_(new.parents))))
+            missing = [p for p in new.parents if p not in found]
+            if missing:
+                raise KeyError(f"parent candidates not in the database: {missing}")
+
+    def candidate(self, candidate_id: int) -> Candidate | None:
+        with self.db.read() as s:
+            row = s.get(CandidateModel, candidate_id)
+            return None if row is None else candidate_snapshot(row)
+
+    def candidate_by_directory(self, path: str) -> Candidate | None:
+        """The candidate stored with exactly this directory string (newest if several)."""
+        with self.db.read() as s:
+            row = s.scalar(
+                select(CandidateModel).where(CandidateModel.directory == path).order_by(CandidateModel.id.desc()).limit(1)
+            )
+            return None if row is None else candidate_snapshot(row)
+
+    def candidate_by_digest(self, workload_id: int, digest: str) -> Candidate | None:
+        with self.db.read() as s:
+            row = self._by_digest(s, workload_id, digest)
+            return None if row is None else candidate_snapshot(row)
+
+    def candidates(self, workload_id: int | None = None) -> list[Candidate]:
+        query = select_candidates().order_by(CandidateModel.id)
+        if workload_id is not None:
+            query = query.where(CandidateModel.workload_id == workload_id)
+        with self.db.read() as s:
+            return load_candidates(s, query)
+
+    def children(self, candidate_id: int) -> list[Candidate]:
+        query = (
+            select_candidates()
+            .join(CandidateParentModel, CandidateParentModel.child_id == CandidateModel.id)
+            .where(CandidateParentModel.parent_id == candidate_id)
+            .order_by(CandidateModel.id)
+        )
+        with self.db.read() as s:
+            return load_candidates(s, query)
+
+    def ancestors(self, candidate_id: int, max_depth: int = 50) -> list[tuple[int, Candidate]]:
+        """Parents, their parents, ... as (depth, candidate), breadth first, each once."""
+        out: list[tuple[int, Candidate]] = []
+        seen = {candidate_id}
+        frontier = [candidate_id]
+        with self.db.read() as s:
+            for depth in range(1, max_depth + 1):
+                ids = list(
+                    s.scalars(
+                        select(CandidateParentModel.parent_id)
+                        .where(CandidateParentModel.child_id.in_(frontier))
+                        .order_by(CandidateParentModel.child_id, CandidateParentModel.position)
+                    )
+                )
+                frontier = [i for i in dict.fromkeys(ids) if i not in seen]
+                if not frontier:
+                    break
+                seen.update(frontier)
+                found = {c.id: c for c in load_candidates(s, select_candidates().where(CandidateModel.id.in_(frontier)))}
+                out.extend((depth, found[i]) for i in frontier)
+        return out
+
+    def unevaluated(self, workload_id: int) -> list[Candidate]:
+        """Candidates with no evaluation at all (e.g. agent registrations waiting for a run)."""
+        query = (
+            select_candidates()
+            .where(
+                CandidateModel.workload_id == workload_id,
+                ~exists().where(EvaluationModel.candidate_id == CandidateModel.id),
+            )
+            .order_by(CandidateModel.id)
+        )
+        with self.db.read() as s:
+            return load_candidates(s, query)
+
+    # -------------------------------------------------------------- evaluations
+    def begin_stage(
+        self,
+        candidate_id: int,
+        stage: str,
+        run_id: int | None = None,
+        retry_of: int | None = None,
+    ) -> int | None:
+        """Claim (candidate, stage): a new "running" evaluation, or None if the candidate
+        already has a running or passed evaluation of this stage (repeatable stages such as
+        "confirm" are always granted a new attempt)."""
+        if not stage or len(stage) > 32:
+            raise ValueError(f"bad stage name {stage!r}")
+        repeatable = stage in REPEATABLE_STAGES
+        for _ in range(_CLAIM_RETRIES):
+            try:
+                with self.db.write() as s:
+                    self._check_claim_refs(s, candidate_id, stage, run_id, retry_of)
+                    same = and_(EvaluationModel.candidate_id == candidate_id, EvaluationModel.stage == stage)
+                    if not repeatable:
+                        taken = s.scalar(
+                            select(EvaluationModel.id).where(same, EvaluationModel.status.in_(_LIVE)).limit(1)
+                        )
+                        if taken is not None:
+                            return None
+                    last = s.scalar(select(func.max(EvaluationModel.attempt)).where(same)) or 0
+                    row = EvaluationModel(
+                        candidate_id=candidate_id,
+                        stage=stage,
+                        attempt=last + 1,
+                        retry_of=retry_of,
+                        run_id=run_id,
+                        status="running",
+                        message="",
+                        metrics={},
+                        started_at=utcnow(),
+                    )
+                    s.add(row)
+                    s.flush()
+                    return row.id
+            except IntegrityError:
+                # Another process inserted first (claim index or attempt number); look again.
+                continue
+        raise RuntimeError(f"could not claim stage {stage!r} of candidate {candidate_id} after {_CLAIM_RETRIES} tries")
+
+    @staticmethod
+    def _check_claim_refs(
+        s: Session, candidate_id: int, stage: str, run_id: int | None, retry_of: int | None
+    ) -> None:
+        if s.scalar(select(CandidateModel.id).where(CandidateModel.id == candidate_id)) is None:
+            raise KeyError(f"no candidate with id {candidate_id}")
+        if run_id is not None and s.scalar(select(RunModel.id).where(RunModel.id == run_id)) is None:
+            raise KeyError(f"no run with id {run_id}")
+        if retry_of is not None:
+            prior = s.get(EvaluationModel, retry_of)
+            if prior is None:
+                raise KeyError(f"retry_of: no evaluation with id {retry_of}")
+            if prior.candidate_id != candidate_id or prior.stage != stage:
+                raise ValueError(
+                    f"retry_of={retry_of} is stage {prior.stage!r} of candidate {prior.candidate_id}, "
+                    f"not stage {stage!r} of candidate {candidate_id}"
+                )
+            if prior.status == "running":
+                raise ValueError(f"retry_of={retry_of} is still running; mark it interrupted first")
+
+    def finish_stage(self, evaluation_id: int, result: StageResult) -> bool:
+        """running -> passed/failed with the result (compare-and-set); False if the row was
+        not running (finished or interrupted by someone else)."""
+        values = result.model_dump()
+        with self.db.write() as s:
+            outcome = s.execute(
+                update(EvaluationModel)
+                .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == "running")
+                .values(**values, ended_at=utcnow())
+            )
+            return outcome.rowcount == 1  # type: ignore[attr-defined]
+
+    def mark_interrupted(self, evaluation_id: int, message: str = "interrupted: its process died") -> bool:
+        """running -> interrupted (compare-and-set); a retry then uses retry_of=evaluation_id."""
+        with self.db.write() as s:
+            outcome = s.execute(
+                update(EvaluationModel)
+                .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == "running")
+                .values(status="interrupted", message=message, ended_at=utcnow())
+            )
+            return outcome.rowcount == 1  # type: ignore[attr-defined]
+
+    def interrupted(self, run_id: int | None = None, *, heartbeat_timeout_s: float | None = None) -> list[Evaluation]:
+        """Evaluations still "running" whose owner run is dead: finished, heartbeat too old,
+        or its process gone from this host. `run_id=None` looks at every run; rows with no
+        run count as dead once they are older than the heartbeat timeout."""
+        timeout = self.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
+        query = select(EvaluationModel).where(EvaluationModel.status == "running").order_by(EvaluationModel.id)
+        if run_id is not None:
+            query = query.where(EvaluationModel.run_id == run_id)
+        with self.db.read() as s:
+            rows = [Evaluation.model_validate(r) for r in s.scalars(query)]
+            run_ids = {r.run_id for r in rows if r.run_id is not None}
+            runs = {r.id: Run.model_validate(r) for r in s.scalars(select(RunModel).where(RunModel.id.in_(run_ids)))}
+        alive = {rid: self.run_alive(run, heartbeat_timeout_s=timeout) for rid, run in runs.items()}
+        cutoff = utcnow() - timedelta(seconds=timeout)
+        return [
+            r for r in rows if (not alive.get(r.run_id, False) if r.run_id is not None else r.started_at < cutoff)
+        ]
+
+    def evaluation(self, evaluation_id: int) -> Evaluation | None:
+        with self.db.read() as s:
+            row = s.get(EvaluationModel, evaluation_id)
+            return None if row is None else Evaluation.model_validate(row)
+
+    def evaluations(self, candidate_id: int, stage: str | None = None) -> list[Evaluation]:
+        query = select(*EVALUATION_COLUMNS).where(EvaluationModel.candidate_id == candidate_id)
+        if stage is not None:
+            query = query.where(EvaluationModel.stage == stage)
+        with self.db.read() as s:
+            return load_evaluations(s, query.order_by(EvaluationModel.id))
+
+    def evaluations_of(
+        self,
+        workload_id: int | None = None,
+        *,
+        stage: str | None = None,
+        status: str | None = None,
+        run_id: int | None = None,
+    ) -> list[Evaluation]:
+        """Evaluations in id order, filtered by workload, stage, status and run."""
+        query = select(*EVALUATION_COLUMNS).order_by(EvaluationModel.id)
+        if workload_id is not None:
+            query = query.join(CandidateModel, CandidateModel.id == EvaluationModel.candidate_id).where(
+                CandidateModel.workload_id == workload_id
+            )
+        if stage is not None:
+            query = query.where(EvaluationModel.stage == stage)
+        if status is not None:
+            query = query.where(EvaluationModel.status == status)
+        if run_id is not None:
+            query = query.where(EvaluationModel.run_id == run_id)
+        with self.db.read() as s:
+            return load_evaluations(s, query)
+
+    def evaluation_summaries(self, workload_id: int | None = None) -> list[EvaluationSummary]:
+        """Every evaluation (id order) without metrics and messages, for plots and tables."""
+        E = EvaluationModel
+        query = select(
+            E.id, E.candidate_id, E.stage, E.status, E.failure_kind, E.started_at, E.ended_at,
+            E.queue_ms, E.lease_held_ms, E.speedup,
+        ).order_by(E.id)
+        if workload_id is not None:
+            query = query.join(CandidateModel, CandidateModel.id == E.candidate_id).where(
+                CandidateModel.workload_id == workload_id
+            )
+        with self.db.read() as s:
+            return [EvaluationSummary(*row) for row in s.connection().execute(query)]
+
+    def status_counts(self, workload_id: int | None = None) -> list[StatusCount]:
+        """How many evaluations per (stage, status, failure kind)."""
+        query = select(
+            EvaluationModel.stage, EvaluationModel.status, EvaluationModel.failure_kind, func.count()
+        ).group_by(EvaluationModel.stage, EvaluationModel.status, EvaluationModel.failure_kind)
+        if workload_id is not None:
+            query = query.join(CandidateModel, CandidateModel.id == EvaluationModel.candidate_id).where(
+                CandidateModel.workload_id == workload_id
+            )
+        with self.db.read() as s:
+            rows = s.execute(query).all()
+        counts = [StatusCount(stage=a, status=b, failure_kind=c, count=n) for a, b, c, n in rows]
+        return sorted(counts, key=lambda c: (c.stage, c.status, c.failure_kind or ""))
+
+    def correct(self, workload_id: int) -> list[tuple[Candidate, float]]:
+        """Candidates whose latest finished bench passed, with its speedup, fastest first."""
+        latest = (
+            select(EvaluationModel.candidate_id, func.max(EvaluationModel.id).label("eid"))
+            .join(CandidateModel, CandidateModel.id == EvaluationModel.candidate_id)
+            .where(
+                CandidateModel.workload_id == workload_id,
+                EvaluationModel.stage == "bench",
+                EvaluationModel.status.in_(("passed", "failed")),
+            )
+            .group_by(EvaluationModel.candidate_id)
+            .subquery()
+        )
+        query = (
+            select_candidates()
+            .add_columns(EvaluationModel.speedup.label("bench_speedup"))
+            .join(latest, latest.c.candidate_id == CandidateModel.id)
+            .join(EvaluationModel, EvaluationModel.id == latest.c.eid)
+            .where(EvaluationModel.status == "passed", EvaluationModel.speedup.is_not(None))
+            .order_by(EvaluationModel.speedup.desc(), CandidateModel.id)
+        )
+        with self.db.read() as s:
+            rows = plain_rows(s, query)
+            speedups = [float(r.pop("bench_speedup")) for r in rows]
+            return list(zip(with_parents(s, rows), speedups))
+
+    def bench_speedup(self, candidate_id: int) -> float | None:
+        """The candidate's speedup as `correct` sees it: its latest finished bench, if that
+        passed (one indexed lookup instead of scanning the whole population)."""
+        with self.db.read() as s:
+            row = s.execute(
+                select(EvaluationModel.status, EvaluationModel.speedup)
+                .where(
+                    EvaluationModel.candidate_id == candidate_id,
+                    EvaluationModel.stage == "bench",
+                    EvaluationModel.status.in_(("passed", "failed")),
+                )
+                .order_by(EvaluationModel.id.desc())
+                .limit(1)
+            ).first()
+        if row is None or row.status != "passed" or row.speedup is None:
+            return None
+        return float(row.speedup)
+
+    # --------------------------------------------------------------- promotions
+    def best(self, workload_id: int) -> Promotion | None:
+        """The confirmed global best: the workload's latest promotion."""
+        with self.db.read() as s:
+            row = s.scalar(
+                select(PromotionModel)
+                .where(PromotionModel.workload_id == workload_id)
+                .order_by(PromotionModel.id.desc())
+                .limit(1)
+            )
+            return None if row is None else promotion_snapshot(row)
+
+    def promote(
+        self,
+        candidate_id: int,
+        previous_best_id: int | None,
+        confirmation_eval_ids: Sequence[int],
+        margin: float | None,
+        speedup_over_best: float | None,
+    ) -> Promotion | None:
+        """Make `candidate_id` the workload's best. Compare-and-set on the best: returns None
+        (and changes nothing) if the current best is no longer `previous_best_id`."""
+        with self.db.write() as s:
+            cand = s.get(CandidateModel, candidate_id)
+            if cand is None:
+                raise KeyError(f"no candidate with id {candidate_id}")
+            ids = list(confirmation_eval_ids)
+            found = {
+                e.id: e for e in s.scalars(select(EvaluationModel).where(EvaluationModel.id.in_(ids)))
+            }
+            missing = [i for i in ids if i not in found]
+            if missing:
+                raise KeyError(f"confirmation evaluations not in the database: {missing}")
+            current = s.scalar(
+                select(PromotionModel.candidate_id)
+                .where(PromotionModel.workload_id == cand.workload_id)
+                .order_by(PromotionModel.id.desc())
+                .limit(1)
+            )
+            if current != previous_best_id:
+                return None
+            row = PromotionModel(
+                workload_id=cand.workload_id,
+                candidate_id=candidate_id,
+                previous_best_id=previous_best_id,
+                margin=margin,
+                speedup_over_best=speedup_over_best,
+                promoted_at=utcnow(),
+            )
+            row.confirmation_links = [
+                PromotionConfirmationModel(position=i, evaluation_id=e) for i, e in enumerate(ids)
+            ]
+            s.add(row)
+            s.flush()
+            return promotion_snapshot(row)
+
+    def promotions(self, workload_id: int | None = None) -> list[Promotion]:
+        query = select(PromotionModel).order_by(PromotionModel.id)
+        if workload_id is not None:
+            query = query.where(PromotionModel.workload_id == workload_id)
+        with self.db.read() as s:
+            return [promotion_snapshot(r) for r in s.scalars(query)]
+
+    # -------------------------------------------------------------- leaderboard
+    def leaderboard(self, workload_id: int | None = None, limit: int | None = 20) -> list[LeaderboardRow]:
+        """Candidates ranked by their best passed bench speedup (ties: older first)."""
+        with self.db.read() as s:
+            return leaderboard_rows(s, workload_id=workload_id, limit=limit)
+

@@ -1,0 +1,100 @@
+"""Render a family's templates at one parameter point into a content-addressed folder.
+
+The folder name is the SHA-256 of the rendered sources, so two points that render the same
+code share one candidate and are rendered (and evaluated) once. Rendering goes to a
+temporary folder beside the destination and is renamed into place, so a crash never
+leaves a half-written candidate under its final name.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from evolve.families import Family
+
+PARAMS_FILE = "params.json"
+
+
+class RenderError(RuntimeError):
+    """A template that failed to render (undefined name, syntax error), with where."""
+
+
+def source_digest(directory: str | Path, exclude: tuple[str, ...] = (PARAMS_FILE,)) -> str:
+    """SHA-256 over every file's relative path and bytes, in sorted order."""
+    directory = Path(directory)
+    h = hashlib.sha256()
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+    for path in files:
+        rel = path.relative_to(directory).as_posix()
+        if rel in exclude or "__pycache__" in path.parts:
+            continue
+        data = path.read_bytes()
+        # Length-prefix both fields so no two different trees hash alike.
+        h.update(f"{len(rel)}:{rel}:{len(data)}:".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def _environment(family: Family) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(family.directory)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render_sources(family: Family, params: Mapping[str, Any]) -> dict[str, bytes]:
+    """The files of a candidate (name -> bytes), without params.json."""
+    point = family.validate(params)
+    variables = family.environment(point)
+    variables = {**variables, "params": dict(point), "family_name": family.name}
+    env = _environment(family)
+    files: dict[str, bytes] = {}
+    for rel in family.spec.render:
+        try:
+            text = env.get_template(rel).render(**variables)
+        except jinja2.TemplateError as exc:
+            where = f"{rel}:{exc.lineno}" if getattr(exc, "lineno", None) else rel
+            raise RenderError(f"family {family.name!r}: {where}: {exc}") from None
+        files[Path(rel).name[: -len(".j2")]] = text.encode("utf-8")
+    for rel in family.spec.copy_files:
+        files[Path(rel).name] = (family.directory / rel).read_bytes()
+    return files
+
+
+def render_candidate(family: Family, params: Mapping[str, Any], dest_root: str | Path) -> Path:
+    """Render `params` of `family` into `dest_root/<digest>/` and return that folder."""
+    dest_root = Path(dest_root)
+    files = render_sources(family, params)
+    point = family.validate(params)
+    dest_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".render-", dir=dest_root))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        digest = source_digest(tmp)
+        final = dest_root / digest
+        if final.is_dir():
+            return final
+        (tmp / PARAMS_FILE).write_text(
+            json.dumps({"family": family.name, "params": point}, indent=2, sort_keys=True) + "\n",
+            encoding="utf-8")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another process renamed the same sources into place first: use theirs.
+            if not final.is_dir():
+                raise
+        return final
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

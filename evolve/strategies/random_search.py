@@ -1,0 +1,15 @@
+"""Random search: the seeds, then uniformly drawn admitted points."""
+from __future__ import annotations
+
+import random
+
+from evolve.families import Family
+from evolve.strategies.base import Proposal, SearchState, immigrant, untried_seed
+
+
+class RandomStrategy:
+    def __init__(self, families: dict[str, Family]):
+        self.families = families
+
+    def propose(self, state: SearchState, rng: random.Random) -> Proposal | None:
+        return untried_seed(self.families, state) or immigrant(self.families, state, rng)

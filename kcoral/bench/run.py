@@ -1,0 +1,121 @@
+"""`run_bench` and `run_gputest`: the library calls behind `kcoral bench` (and the
+pipeline's gputest and bench stages)."""
+from __future__ import annotations
+
+import re
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kcoral.errors import RemoteError
+
+from .program import bench_program
+from .report import BenchReport, GputestReport
+from .staging import bench_archive, load_workload, resolve_candidate, runner_source, stage
+
+# The judge subprocess stops this long before the program's own limit, so its partial
+# report and log still come back.
+RUNNER_MARGIN_S = 30.0
+BAD_LINE = re.compile(r"^regime=(?P<name>[A-Za-z0-9_]+) bad=(?P<frac>\S+)\s*$", re.M)
+
+
+def _candidate_label(workload_root: Path, cand: Path) -> str:
+    try:
+        return cand.resolve().relative_to(workload_root.resolve()).as_posix()
+    except ValueError:
+        return cand.name
+
+
+def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
+              timeout: float = 1500, against: str | Path | None = None) -> BenchReport:
+    """The official benchmark of one candidate. Raises BenchInputError for bad local paths;
+    every remote problem is a failed BenchReport (failure_kind transport/timeout/...)."""
+    wl = load_workload(workload_dir)
+    cand = resolve_candidate(wl, candidate_dir)
+    other = resolve_candidate(wl, against) if against is not None else None
+    archive = bench_archive(wl, cand, other)
+    options = {
+        "timeout_s": max(10.0, float(timeout) - RUNNER_MARGIN_S),
+        "candidate_name": _candidate_label(wl.root, cand),
+        "against_name": _candidate_label(wl.root, other) if other is not None else None,
+        "holdout_source": "server",
+    }
+    source = runner_source(wl)
+    program, seeds_reg = bench_program(source, archive, wl.holdout_namespace, wl.holdout_count, options)
+    try:
+        outcome = client.execute(program, timeout_seconds=timeout)
+        if (outcome.status == "FAILED" and outcome.error is not None and seeds_reg is not None
+                and outcome.error.instruction_id == seeds_reg.id and outcome.error.kind == "unavailable"):
+            # A stock server without the holdout builtin: draw seeds here and say so.
+            options["holdout_source"] = "client"
+            seeds = [secrets.randbits(64) for _ in range(wl.holdout_count)]
+            program, _ = bench_program(source, archive, wl.holdout_namespace, wl.holdout_count, options, seeds)
+            outcome = client.execute(program, timeout_seconds=timeout)
+    except RemoteError as exc:
+        kind = "timeout" if exc.kind == "timeout" else "transport"
+        return BenchReport.failure(kind, f"{exc.kind}: {exc.message}", candidate=options["candidate_name"],
+                                   workload=wl.name, request_id=exc.request_id or "")
+    meta = dict(request_id=outcome.request_id, server_instance=outcome.server_instance, gpu=outcome.gpu,
+                queue_ms=outcome.queue_ms, lease_held_ms=outcome.lease_held_ms)
+    if outcome.status == "FAILED":
+        err = outcome.error
+        kind = {"timeout": "timeout", "unavailable": "unavailable"}.get(err.kind if err else "", "runtime")
+        return BenchReport.failure(kind, f"{err.kind if err else 'engine'}: {err.message if err else ''}",
+                                   candidate=options["candidate_name"], workload=wl.name, **meta)
+    result = outcome.results.get("bench")
+    if not isinstance(result, dict):
+        return BenchReport.failure("transport", f"the runner returned {type(result).__name__}, not a dict",
+                                   candidate=options["candidate_name"], workload=wl.name, **meta)
+    log = str(result.get("log") or "")
+    raw = result.get("report")
+    if raw is None:
+        if result.get("timed_out"):
+            kind, msg = "timeout", f"the judge ran past {options['timeout_s']:.0f} s and was stopped"
+        else:
+            kind, msg = "runtime", str(result.get("runner_error") or "the judge produced no report")
+        return BenchReport.failure(kind, msg, candidate=options["candidate_name"], workload=wl.name,
+                                   log=log, **meta)
+    rep = BenchReport.from_judge(raw, log=log, **meta)
+    if result.get("timed_out") and rep.passed:
+        rep = rep.model_copy(update={"passed": False, "failure_kind": "timeout"})
+    return rep
+
+
+def parse_bad_lines(stdout: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in BAD_LINE.finditer(stdout):
+        try:
+            out[m.group("name")] = float(m.group("frac"))
+        except ValueError:
+            out[m.group("name")] = float("inf")
+    return out
+
+
+def stage_gputest(workload_dir: str | Path, candidate_dir: str | Path, dest: str | Path) -> Path:
+    """Put the judge, workload.json, test_small.py and the candidate (as candidate/) in dest."""
+    wl = load_workload(workload_dir)
+    cand = resolve_candidate(wl, candidate_dir)
+    return stage(wl, Path(dest), cand, with_gputest=True)
+
+
+def run_gputest(client: Any, workload_dir: str | Path, candidate_dir: str | Path, cases: str = "all",
+                timeout: float = 600, env: dict[str, str] | None = None) -> GputestReport:
+    """test_small.py on the server: small shapes, one `regime=NAME bad=FRACTION` line per
+    regime; passes iff it exits 0 and every fraction is 0."""
+    from kcoral.remote import SendSpec, run_python
+
+    run_env = {"CANDIDATE": "candidate", "CASES": cases}
+    run_env.update(env or {})
+    with tempfile.TemporaryDirectory(prefix="kcoral-gputest-") as tmp:
+        staged = stage_gputest(workload_dir, candidate_dir, Path(tmp) / "gputest")
+        try:
+            res = run_python(client, [SendSpec(staged)], script="test_small.py", args=[], env=run_env,
+                             timeout=timeout)
+        except RemoteError as exc:
+            return GputestReport(passed=False, message=f"{exc.kind}: {exc.message}")
+    regimes = parse_bad_lines(res.stdout)
+    passed = res.exit_code == 0 and not res.timed_out and bool(regimes) and all(v == 0 for v in regimes.values())
+    return GputestReport(passed=passed, regimes=regimes, exit_code=res.exit_code, timed_out=res.timed_out,
+                         stdout=res.stdout, stderr=res.stderr,
+                         message="" if passed else "test_small.py reported bad elements or failed")

@@ -1,0 +1,43 @@
+"""`kcoral status`: one line of server load (``load=N ...``) or the health JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from kcoral.cli import add_remote_options, make_client
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("status", help="server load, queue, GPU leases and workers")
+    add_remote_options(p)
+    p.add_argument("--json", action="store_true", help="print the server's health JSON")
+    p.set_defaults(func=run)
+
+
+def status_line(health: dict[str, Any]) -> str:
+    """``load=N queue=Q gpus=0:d0,1:d1 workers=busy/total ...``; load counts every
+    admitted request, waiting ones included."""
+    load = health.get("active_requests", 0)
+    queue = health.get("queue_length", 0)
+    gpus = health.get("gpus") or []
+    leases = ",".join(f"{g.get('gpu_id')}:{g.get('lease_depth', 0)}" for g in gpus) or "none"
+    workers = health.get("workers") or []
+    busy = sum(1 for w in workers if w.get("status") == "busy")
+    parts = [f"load={load}", f"queue={queue}", f"leases={leases}",
+             f"workers={busy}/{len(workers)} busy"]
+    target = health.get("target") or {}
+    if target.get("arch"):
+        parts.append(f"arch={target['arch']}")
+    if health.get("instance_id"):
+        parts.append(f"instance={str(health['instance_id'])[:8]}")
+    if health.get("uptime_seconds") is not None:
+        parts.append(f"uptime={float(health['uptime_seconds']):.0f}s")
+    return " ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        health = client.health()
+    print(json.dumps(health, indent=2, sort_keys=True) if args.json else status_line(health))
+    return 0

@@ -1,0 +1,24 @@
+"""Exceptions the client raises."""
+from __future__ import annotations
+
+
+class RemoteError(Exception):
+    """A program that failed remotely, or a request the server refused.
+
+    `kind` is the protocol's error kind (`runtime`, `timeout`, `busy`, `parse`, ...);
+    `status_code` is the HTTP status for non-200 answers, None for a FAILED outcome.
+    """
+
+    def __init__(self, kind: str, message: str, status_code: int | None = None, request_id: str | None = None) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+        self.status_code = status_code
+        self.request_id = request_id
+
+
+class TransportError(RemoteError):
+    """The server could not be reached or answered something unreadable (kind `transport`)."""
+
+    def __init__(self, message: str, request_id: str | None = None) -> None:
+        super().__init__("transport", message, None, request_id)

@@ -1,0 +1,1 @@
+"""Alembic revisions of evolve's schema (a package so wheels ship them)."""

@@ -1,0 +1,100 @@
+"""HTTP routes (Starlette): /health and /execute, with auth and the request log line."""
+from __future__ import annotations
+
+import time
+import traceback
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .auth import BearerAuth
+from .engine import Engine, Reply, RequestLog, error_reply
+from .reqlog import log_event, log_request
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge()
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise _TooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "-"
+
+
+def _response(reply: Reply) -> Response:
+    return Response(reply.body, status_code=reply.status_code, media_type=reply.content_type, headers=reply.headers)
+
+
+def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
+    async def health(request: Request) -> Response:
+        full = auth.allows(request.headers.get("authorization"))
+        return JSONResponse(engine.health(full))
+
+    async def execute(request: Request) -> Response:
+        t0 = time.monotonic()
+        rid = uuid.uuid4().hex
+        log = RequestLog(rid, _client(request))
+        try:
+            if not auth.allows(request.headers.get("authorization")):
+                reply = error_reply(401, "unauthorized", "missing or wrong bearer token", rid)
+            else:
+                try:
+                    body = await _read_body(request, engine.config.max_request_bytes)
+                except _TooLarge:
+                    reply = error_reply(413, "request_too_large",
+                                        f"request exceeds {engine.config.max_request_bytes} bytes", rid)
+                else:
+                    reply = await engine.execute(body, request.headers.get("content-type"),
+                                                 request.headers.get("idempotency-key"), log)
+        except Exception as exc:  # noqa: BLE001 - an engine bug answers 500, never a dropped connection
+            log.fields["exception"] = traceback.format_exc()[-2000:]
+            reply = error_reply(500, "engine", f"{type(exc).__name__}: {exc}", rid)
+        reply.headers.setdefault("X-Request-ID", rid)
+        reply.headers.setdefault("X-Instance-ID", engine.instance_id)
+        fields: dict[str, Any] = dict(log.fields)
+        fields["status"] = fields.get("status") or ("ERROR" if reply.status_code != 200 else "OK")
+        log_request(request_id=rid, client=log.client, path="/execute", http=reply.status_code,
+                    total_ms=round((time.monotonic() - t0) * 1e3, 3), **fields)
+        return _response(reply)
+
+    async def not_found(request: Request) -> Response:
+        if not auth.allows(request.headers.get("authorization")):
+            return _response(error_reply(401, "unauthorized", "missing or wrong bearer token", "-"))
+        return _response(error_reply(404, "not_found", f"no route {request.method} {request.url.path}", "-"))
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.close()
+            log_event("server_stopped", instance_id=engine.instance_id)
+
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/execute", execute, methods=["POST"]),
+            Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
+        ],
+        lifespan=lifespan,
+    )
+    return app

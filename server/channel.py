@@ -1,0 +1,90 @@
+"""Length-prefixed messages between the server and its workers.
+
+A frame is a 4-byte big-endian header length, a JSON header, then the binary attachments
+whose lengths the header lists under "bin". JSON (never pickle) so that nothing a worker
+sends can execute code in the parent, which holds the holdout salt.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from typing import Any
+
+_LEN = struct.Struct(">I")
+MAX_HEADER = 256 << 20
+
+
+def encode(msg: dict[str, Any], attachments: list[bytes | memoryview] = ()) -> list[bytes | memoryview]:
+    header = dict(msg)
+    header["bin"] = [len(a) for a in attachments]
+    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    return [_LEN.pack(len(raw)) + raw, *attachments]
+
+
+class SyncChannel:
+    """Worker side: a blocking socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send(self, msg: dict[str, Any], attachments: list[bytes | memoryview] = ()) -> None:
+        frames = encode(msg, list(attachments))
+        if len(frames) == 1:
+            self.sock.sendall(frames[0])
+        else:
+            for f in frames:
+                self.sock.sendall(f)
+
+    def _exact(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise EOFError("channel closed")
+            got += k
+        return buf
+
+    def recv(self) -> tuple[dict[str, Any], list[bytearray]]:
+        (n,) = _LEN.unpack(self._exact(4))
+        if n > MAX_HEADER:
+            raise ValueError("oversized channel header")
+        header = json.loads(self._exact(n))
+        return header, [self._exact(k) for k in header.get("bin", [])]
+
+
+class AsyncChannel:
+    """Server side: asyncio streams over the parent's end of the socketpair."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, sock: socket.socket) -> "AsyncChannel":
+        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
+        return cls(reader, writer)
+
+    async def send(self, msg: dict[str, Any], attachments: list[bytes | memoryview] = ()) -> None:
+        for f in encode(msg, list(attachments)):
+            self.writer.write(f)
+        await self.writer.drain()
+
+    async def recv(self) -> tuple[dict[str, Any], list[bytes]]:
+        (n,) = _LEN.unpack(await self.reader.readexactly(4))
+        if n > MAX_HEADER:
+            raise ValueError("oversized channel header from worker")
+        header = json.loads(await self.reader.readexactly(n))
+        if not isinstance(header, dict):
+            raise ValueError("malformed channel header from worker")
+        bins = header.get("bin", [])
+        return header, [await self.reader.readexactly(int(k)) for k in bins]
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:
+            pass

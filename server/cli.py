@@ -1,0 +1,133 @@
+"""`kcoral-server` / `python -m server`: flags -> ServerConfig -> uvicorn."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import os
+import signal
+import sys
+from typing import Any
+
+import uvicorn
+
+from .app import build_app
+from .auth import BearerAuth
+from .config import ServerConfig
+from .engine import Engine
+from . import reqlog
+from .reqlog import log_event
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kcoral-server", description="KCoral benchmark server")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1); non-loopback needs a token")
+    p.add_argument("--port", type=int, default=8901, help="port (default 8901; 0 picks a free one, logged at start)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--gpus", help="comma-separated GPU indices (default: every visible GPU)")
+    g.add_argument("--cpu-workers", type=int, help="run N CPU workers and no GPU")
+    g.add_argument("--virtual-gpus", type=int, default=0,
+                   help="TEST ONLY: N fake GPUs served by NumPy workers, to exercise leases without hardware")
+    p.add_argument("--workers-per-gpu", type=int, default=1, help="workers per GPU (default 1)")
+    p.add_argument("--token-file", help="file holding the bearer token (else $KCORAL_SERVER_TOKEN)")
+    p.add_argument("--state-dir", help="folder for the idempotency journal and the generated holdout salt")
+    p.add_argument("--holdout-salt-file", help="file holding the holdout salt (else generated)")
+    p.add_argument("--max-request-bytes", type=int, default=2 << 30, help="largest request body (default 2 GiB)")
+    p.add_argument("--max-response-bytes", type=int, default=4 << 30, help="largest result payload (default 4 GiB)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a worker before 503 (default 64)")
+    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for a worker before 503")
+    p.add_argument("--blob-cache-bytes", type=int, default=8 << 30, help="blob cache capacity (default 8 GiB)")
+    p.add_argument("--blob-dir", help="parent folder of the blob cache (default: /dev/shm if roomy, else $TMPDIR)")
+    p.add_argument("--work-dir", help="parent folder of request workspaces (default: /dev/shm if roomy, else $TMPDIR)")
+    p.add_argument("--journal-retention", type=float, default=3600.0, help="seconds an outcome stays replayable (default 3600)")
+    return p
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    token = None
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        if not token:
+            raise SystemExit(f"kcoral-server: token file {args.token_file} is empty")
+    elif os.environ.get("KCORAL_SERVER_TOKEN"):
+        token = os.environ["KCORAL_SERVER_TOKEN"].strip()
+    if not _is_loopback(args.host) and not token:
+        raise SystemExit(f"kcoral-server: refusing to bind {args.host} without a token "
+                         "(--token-file or KCORAL_SERVER_TOKEN)")
+    gpus = None
+    if args.gpus is not None:
+        try:
+            gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
+        except ValueError:
+            raise SystemExit("kcoral-server: --gpus takes comma-separated integers") from None
+    return ServerConfig(
+        host=args.host, port=args.port, gpus=gpus, cpu_workers=args.cpu_workers,
+        virtual_gpus=args.virtual_gpus, workers_per_gpu=args.workers_per_gpu, token=token,
+        state_dir=args.state_dir, holdout_salt_file=args.holdout_salt_file,
+        max_request_bytes=args.max_request_bytes, max_response_bytes=args.max_response_bytes,
+        max_queue=args.max_queue, queue_timeout_seconds=args.queue_timeout,
+        blob_cache_bytes=args.blob_cache_bytes, blob_dir=args.blob_dir, work_dir=args.work_dir,
+        journal_retention_seconds=args.journal_retention,
+    )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn with a graceful SIGTERM: refuse new programs, finish admitted ones, exit 0."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self._drain_task: asyncio.Task[Any] | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        for server in self.servers:
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                log_event("listening", url=f"http://{host}:{port}", port=port, instance_id=self.engine.instance_id)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if sig == signal.SIGTERM and self._drain_task is None and not self.should_exit:
+            loop = asyncio.get_event_loop()
+            self._drain_task = True  # type: ignore[assignment] - marks the drain as requested
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit()))
+            return
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+
+    async def _drain_then_exit(self) -> None:
+        await self.engine.drain()
+        self.should_exit = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    engine = Engine(config)
+    app = build_app(engine, BearerAuth(config.token.get_secret_value() if config.token else None))
+    server = DrainingServer(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
+                       lifespan="on", timeout_keep_alive=30),
+        engine,
+    )
+    try:
+        server.run()
+    finally:
+        reqlog.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Server settings (filled by cli.py from flags and environment)."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+GiB = 1 << 30
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8901, ge=0, le=65535)
+    gpus: list[int] | None = None          # None: every visible GPU, else CPU workers
+    cpu_workers: int | None = Field(None, ge=1)
+    virtual_gpus: int = Field(0, ge=0)     # test-only: fake GPUs served by NumPy workers
+    workers_per_gpu: int = Field(1, ge=1)
+    token: SecretStr | None = None
+    state_dir: str | None = None
+    holdout_salt_file: str | None = None
+    max_request_bytes: int = Field(2 * GiB, ge=1024)
+    max_response_bytes: int = Field(4 * GiB, ge=1024)
+    max_queue: int = Field(64, ge=0)        # requests waiting for a worker beyond this get 503
+    queue_timeout_seconds: float = Field(120.0, gt=0)  # longest wait for a worker, then 503
+    blob_cache_bytes: int = Field(8 * GiB, ge=1 << 20)
+    blob_dir: str | None = None             # parent of the blob cache folder (default: /dev/shm if roomy)
+    work_dir: str | None = None             # parent of request folders (default: /dev/shm if roomy, else $TMPDIR)
+    journal_retention_seconds: float = Field(3600.0, gt=0)
+    drain_timeout_seconds: float = Field(3900.0, gt=0)

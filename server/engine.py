@@ -1,0 +1,367 @@
+"""The request lifecycle: parse, blob cache, idempotency, admission, execution, response.
+
+app.py turns HTTP into calls on `Engine`; everything between the bytes of a request and
+the bytes of its answer is here.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import shutil
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
+
+from .blobs import BlobStore, default_blob_dir, memory_dir
+from .config import ServerConfig
+from .gpuinfo import detect_gpus, target_arch, versions
+from .holdout import HoldoutSalt
+from .journal import Journal, StoredResponse
+from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
+from .pool import WorkerPool, WorkerRun, WorkerSpec
+from .reqlog import log_event
+from .scheduler import LeaseScheduler
+from .tempdirs import make_owned_dir, sweep_stale
+from .workspace import create_request_dirs, remove_tree
+
+RUN_DIR_PREFIX = "kcoral-server-"
+
+# Never handed to workers: credentials and anything naming the holdout salt.
+_SECRET_ENV = ("KCORAL_SERVER_TOKEN", "KCORAL_TOKEN")
+
+
+@dataclass
+class Reply:
+    status_code: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RequestLog:
+    """Fields of the one log line a request produces."""
+
+    request_id: str
+    client: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def error_reply(code: int, kind: str, message: str, request_id: str, retry_after: int | None = None, **extra: Any) -> Reply:
+    body = {"status": "ERROR", "request_id": request_id, "error": {"kind": kind, "message": message}, **extra}
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    return Reply(code, dumps(body), headers=headers)
+
+
+class Engine:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.instance_id = str(uuid.uuid4())
+        self.started_wall = time.time()
+        self.started_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        if config.state_dir:
+            os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+        # Request folders on tmpfs when it is roomy: creating them is on every request's path.
+        work_parent = config.work_dir or memory_dir(8 << 30)
+        sweep_stale(work_parent, RUN_DIR_PREFIX)
+        self.run_root = make_owned_dir(RUN_DIR_PREFIX, work_parent)
+        self.blobs = BlobStore(default_blob_dir(config.blob_dir, self.run_root), config.blob_cache_bytes)
+        self.journal = Journal(config.state_dir, config.journal_retention_seconds)
+        self.salt = HoldoutSalt.load(config.holdout_salt_file, config.state_dir)
+        self.specs, gpu_ids, self.backend = self._plan()
+        self.leases = LeaseScheduler(gpu_ids) if gpu_ids else None
+        self.gpu_ids = gpu_ids
+        self._base_env = self._worker_env()
+        self.pool = WorkerPool(self.specs, self._env_for, self.run_root, self.leases)
+        self.target = target_arch(gpu_ids) if self.backend == "gpu" else {}
+        self.versions = versions(self.backend == "gpu")
+        self.active = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------ setup
+    def _plan(self) -> tuple[list[WorkerSpec], list[int], str]:
+        c = self.config
+        if c.virtual_gpus:
+            gpus, backend = list(range(c.virtual_gpus)), "virtual"
+        elif c.cpu_workers:
+            return [WorkerSpec(f"cpu/w{i}", None, "cpu") for i in range(c.cpu_workers)], [], "cpu"
+        else:
+            gpus = c.gpus if c.gpus is not None else detect_gpus()
+            backend = "gpu"
+            if not gpus:
+                n = max(1, min(4, os.cpu_count() or 1))
+                return [WorkerSpec(f"cpu/w{i}", None, "cpu") for i in range(n)], [], "cpu"
+        specs = [WorkerSpec(f"gpu{g}/w{k}", g, backend) for g in gpus for k in range(c.workers_per_gpu)]
+        return specs, gpus, backend
+
+    def _worker_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV and "HOLDOUT" not in k.upper()}
+        if self.config.holdout_salt_file:
+            salt_path = os.path.abspath(self.config.holdout_salt_file)
+            env = {k: v for k, v in env.items() if self.config.holdout_salt_file not in v and salt_path not in v}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        return env
+
+    async def start(self) -> None:
+        await self.pool.start()
+        self._prune_task = asyncio.get_running_loop().create_task(self._prune_loop())
+        log_event("server_started", instance_id=self.instance_id, backend=self.backend,
+                  workers=len(self.specs), gpus=self.gpu_ids, run_root=self.run_root)
+
+    def _env_for(self, spec: WorkerSpec) -> dict[str, str]:
+        """CUDA_VISIBLE_DEVICES is per worker, fixed before the worker imports CuPy."""
+        env = dict(self._base_env)
+        env["CUDA_VISIBLE_DEVICES"] = str(spec.gpu_id) if spec.backend == "gpu" else ""
+        env["KCORAL_WORKER_ID"] = spec.worker_id
+        return env
+
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(60)
+            self.journal.prune()
+
+    async def close(self) -> None:
+        task = getattr(self, "_prune_task", None)
+        if task:
+            task.cancel()
+        await self.pool.close()
+        self.blobs.close()
+        shutil.rmtree(self.run_root, ignore_errors=True)
+
+    # ------------------------------------------------------------------ health
+    def health(self, full: bool) -> dict[str, Any]:
+        if not full:
+            return {"status": "ok", "instance_id": self.instance_id}
+        return {
+            "status": "draining" if self.draining else "ok",
+            "instance_id": self.instance_id,
+            "started_at": self.started_at,
+            "uptime_seconds": round(time.time() - self.started_wall, 3),
+            "active_requests": self.active,
+            "queue_length": self.pool.queue_length,
+            "gpu_count": len(self.gpu_ids),
+            "virtual_gpus": self.backend == "virtual",
+            "target": self.target,
+            "versions": self.versions,
+            "gpus": [{"gpu_id": g, "lease_depth": self.leases.depth(g) if self.leases else 0} for g in self.gpu_ids],
+            "workers": self.pool.describe(),
+            "blob_cache": {"blobs": len(self.blobs), "bytes": self.blobs.used_bytes, "capacity": self.blobs.capacity},
+        }
+
+    # ------------------------------------------------------------------ drain
+    async def drain(self) -> None:
+        """Refuse new programs, then wait for the admitted ones to finish."""
+        self.draining = True
+        log_event("draining", active_requests=self.active)
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_seconds)
+        except asyncio.TimeoutError:
+            log_event("drain_timeout", active_requests=self.active)
+
+    # ------------------------------------------------------------------ execute
+    async def execute(self, body: bytes, content_type: str | None, idem_key: str | None, log: RequestLog) -> Reply:
+        rid = log.request_id
+        if self.draining:
+            return error_reply(503, "busy", "server is draining", rid, retry_after=5)
+        self.active += 1
+        self._idle.clear()
+        try:
+            return await self._execute(body, content_type, idem_key, log)
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self._idle.set()
+
+    async def _execute(self, body: bytes, content_type: str | None, key: str | None, log: RequestLog) -> Reply:
+        rid = log.request_id
+        t_start = time.monotonic()
+        try:
+            if len(body) > 1 << 20:
+                parsed = await asyncio.to_thread(parse_execute_body, body, content_type)
+            else:
+                parsed = parse_execute_body(body, content_type)
+        except WireError as exc:
+            return error_reply(400, "parse", str(exc), rid)
+        if key is not None and (len(key) > 256 or not key.isprintable()):
+            return error_reply(400, "parse", "Idempotency-Key must be at most 256 printable characters", rid)
+        await self._store_blobs(parsed)
+        referenced = parsed.program.blob_digests()
+        while True:
+            # From here to journal.begin nothing awaits, so two retries cannot both start.
+            if key is not None:
+                entry = self.journal.get(key)
+                if entry is not None:
+                    if entry.program_hash != parsed.program_hash:
+                        return error_reply(400, "parse", "Idempotency-Key was already used for a different program", rid)
+                    await entry.done.wait()
+                    if entry.response is not None:
+                        log.fields["replay"] = True
+                        r = entry.response
+                        return Reply(r.status_code, r.body, r.headers.get("Content-Type", "application/json"),
+                                     {k: v for k, v in r.headers.items() if k != "Content-Type"})
+                    continue  # the first attempt never ran: try ourselves
+            missing = self.blobs.missing(referenced)
+            if missing:
+                log.fields["status"] = "CACHE_MISS"
+                return Reply(200, dumps({"status": "CACHE_MISS", "request_id": rid, "missing_blobs": missing}),
+                             headers={"X-Request-ID": rid})
+            try:
+                self._check_cached_tensors(parsed)
+            except WireError as exc:
+                return error_reply(400, "parse", str(exc), rid)
+            self.blobs.pin(referenced)
+            if key is not None:
+                self.journal.begin(key, parsed.program_hash)
+            break
+        try:
+            reply = await self._admit_and_run(parsed.program, referenced, log, t_start)
+        except BaseException:
+            if key is not None:
+                self.journal.abandon(key)
+            raise
+        finally:
+            self.blobs.unpin(referenced)
+        if key is not None:
+            if reply.status_code == 503:
+                self.journal.abandon(key)
+            else:
+                headers = {"Content-Type": reply.content_type, **reply.headers}
+                await self.journal.finish(key, StoredResponse(reply.status_code, headers, reply.body))
+        return reply
+
+    async def _store_blobs(self, parsed: ParsedRequest) -> None:
+        for digest, data in parsed.blobs.items():
+            if self.blobs.has(digest):
+                continue
+            if len(data) > 1 << 20:
+                await asyncio.to_thread(self.blobs.write_file, digest, data)
+            else:
+                self.blobs.write_file(digest, data)
+            self.blobs.register(digest, len(data))
+
+    def _check_cached_tensors(self, parsed: ParsedRequest) -> None:
+        for i, ins in enumerate(parsed.program.instructions):
+            if isinstance(ins, UploadTensor) and ins.blob not in parsed.blobs:
+                check_tensor_size(i, ins, self.blobs.size(ins.blob))
+
+    async def _admit_and_run(self, program: ProgramSpec, referenced: list[str], log: RequestLog, t_start: float) -> Reply:
+        rid = log.request_id
+        workers = max(1, len(self.specs))
+        if self.pool.queue_length >= self.config.max_queue and not self.pool.has_idle:
+            return error_reply(503, "busy", f"queue is full ({self.pool.queue_length} waiting)", rid,
+                               retry_after=max(1, self.pool.queue_length // workers))
+        t_queue = time.monotonic()
+        try:
+            worker = await self.pool.checkout(self.config.queue_timeout_seconds)
+        except asyncio.TimeoutError:
+            return error_reply(503, "busy", "no worker became free in time", rid,
+                               retry_after=max(1, self.pool.queue_length // workers + 1))
+        t_dispatch = time.monotonic()
+        queue_ms = (t_dispatch - t_queue) * 1e3
+        log.fields.update(worker_id=worker.worker_id, gpu=worker.gpu_id, queue_ms=round(queue_ms, 3))
+        dirs = create_request_dirs(self.run_root, rid)
+        limit = program.options.output_limit_bytes
+        job = {
+            "t": "exec", "request_id": rid, "workspace": dirs.work,
+            "stdout_path": dirs.stdout_path, "stderr_path": dirs.stderr_path, "output_limit": limit,
+            "instructions": [ins.model_dump(by_alias=True) for ins in program.instructions],
+            "blobs": {d: self.blobs.path(d) for d in referenced},
+        }
+        run: WorkerRun | None = None
+        try:
+            run = await worker.run(job, program.options.timeout_seconds, self.leases, self.salt.seeds,
+                                   self.config.max_response_bytes)
+        finally:
+            if run is not None and run.recycle:
+                await self.pool.retire(worker)
+            else:
+                self.pool.checkin(worker)
+        out, out_trunc = await _read_output(dirs.stdout_path, limit)
+        err, err_trunc = await _read_output(dirs.stderr_path, limit)
+        asyncio.get_running_loop().run_in_executor(None, remove_tree, dirs.base)
+        timings = {
+            "queue_ms": round(queue_ms, 3),
+            "elapsed_ms": 0.0,
+            "lease_wait_ms": round(run.lease_wait_ms, 3),
+            "lease_held_ms": round(run.lease_held_ms, 3),
+        }
+        log.fields.update(lease_wait_ms=timings["lease_wait_ms"], lease_held_ms=timings["lease_held_ms"])
+        common = {"instance_id": self.instance_id, "worker_id": worker.worker_id, "gpu": worker.gpu_id}
+        ins_info = _instruction_info(program, run.index)
+        if run.timed_out:
+            log.fields["status"] = "TIMEOUT"
+            timings["elapsed_ms"] = round((time.monotonic() - t_dispatch) * 1e3, 3)
+            return error_reply(
+                504, "timeout", f"program exceeded its timeout of {program.options.timeout_seconds:g} s"
+                + (f" in instruction {run.index} ({ins_info[0]})" if run.index is not None else ""),
+                rid, **common, **timings, instruction_index=run.index, stdout=out, stderr=err,
+                stdout_truncated=out_trunc, stderr_truncated=err_trunc,
+            )
+        if run.too_large:
+            log.fields["status"] = "TOO_LARGE"
+            return error_reply(500, "response_too_large", f"results exceed {self.config.max_response_bytes} bytes", rid, **common)
+        error = run.error
+        status = run.status
+        if run.crashed is not None:
+            status = "FAILED"
+            error = {"kind": "runtime", "message": run.crashed, "instruction_index": run.index,
+                     "instruction_op": ins_info[0], "instruction_id": ins_info[1], "traceback": None}
+        result: dict[str, Any] = {"status": status, "request_id": rid, **common, **timings,
+                                  "results": {k: node for k, node in run.returns},
+                                  "stdout": out, "stderr": err, "stdout_truncated": out_trunc, "stderr_truncated": err_trunc}
+        if status == "FAILED":
+            result["error"] = error or {"kind": "engine", "message": "worker reported failure without details"}
+        log.fields["status"] = status
+        if error:
+            log.fields["error_kind"] = error.get("kind")
+        result["elapsed_ms"] = round((time.monotonic() - t_dispatch) * 1e3, 3)
+        log.fields["elapsed_ms"] = result["elapsed_ms"]
+        headers = {"X-Request-ID": rid, "X-Instance-ID": self.instance_id}
+        if not run.parts:
+            return Reply(200, dumps(result), headers=headers)
+        ctype, chunks = encode_multipart(
+            [("result", "application/json", dumps(result))]
+            + [(f"return:{i}", "application/octet-stream", data) for i, data in enumerate(run.parts)]
+        )
+        return Reply(200, b"".join(chunks), ctype, headers)
+
+
+def _instruction_info(program: ProgramSpec, index: int | None) -> tuple[str | None, str | None]:
+    if index is None or not 0 <= index < len(program.instructions):
+        return None, None
+    ins = program.instructions[index]
+    return ins.op, getattr(ins, "id", None)
+
+
+async def _read_output(path: str, limit: int) -> tuple[str, bool]:
+    """Captured output; small files (the usual case) are read inline, big ones in a thread."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return "", False
+    if min(size, limit) <= 1 << 16:
+        return _read_capped(path, limit)
+    return await asyncio.to_thread(_read_capped, path, limit)
+
+
+def _read_capped(path: str, limit: int) -> tuple[str, bool]:
+    if limit <= 0:
+        return "", False
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(limit)
+    except FileNotFoundError:
+        return "", False
+    return data.decode("utf-8", "replace"), size > limit
+
+
+def format_exception() -> str:
+    return traceback.format_exc()[-4000:]

@@ -1,0 +1,64 @@
+"""The request body rules: one `program` part and `blob:<sha256>` parts, checked strictly."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from kcoral.wire import BLOB_PART_RE, ProgramSpec, UploadTensor, WireError, parse_multipart, parse_program
+
+
+@dataclass
+class ParsedRequest:
+    program: ProgramSpec
+    program_hash: str
+    blobs: dict[str, memoryview]  # supplied parts, digests verified
+
+
+def parse_execute_body(body: bytes, content_type: str | None) -> ParsedRequest:
+    """Parse and verify an /execute body; raises WireError (HTTP 400 `parse`)."""
+    if not content_type:
+        raise WireError("missing Content-Type (expected multipart/form-data)")
+    program_raw: memoryview | None = None
+    blobs: dict[str, memoryview] = {}
+    for part in parse_multipart(body, content_type):
+        if part.name == "program":
+            if program_raw is not None:
+                raise WireError("duplicate 'program' part")
+            if part.content_type != "application/json":
+                raise WireError(f"'program' part must be application/json, not {part.content_type!r}")
+            program_raw = part.data
+            continue
+        m = BLOB_PART_RE.match(part.name)
+        if not m:
+            raise WireError(f"unexpected part name {part.name!r} (expected 'program' or 'blob:<sha256>')")
+        digest = m.group(1)
+        if digest in blobs:
+            raise WireError(f"duplicate part {part.name!r}")
+        if part.content_type != "application/octet-stream":
+            raise WireError(f"part {part.name!r} must be application/octet-stream, not {part.content_type!r}")
+        blobs[digest] = part.data
+    if program_raw is None:
+        raise WireError("missing 'program' part")
+    raw = bytes(program_raw)
+    program = parse_program(raw)
+    referenced = set(program.blob_digests())
+    for digest, data in blobs.items():
+        if digest not in referenced:
+            raise WireError(f"part blob:{digest} is not referenced by any upload")
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise WireError(f"part blob:{digest} does not match its digest")
+    for i, ins in enumerate(program.instructions):
+        if isinstance(ins, UploadTensor) and ins.blob in blobs:
+            check_tensor_size(i, ins, len(blobs[ins.blob]))
+    # Hash the parsed form, so a retry that re-serialises the same program still matches.
+    canonical = json.dumps(program.model_dump(by_alias=True), sort_keys=True, separators=(",", ":"))
+    return ParsedRequest(program, hashlib.sha256(canonical.encode()).hexdigest(), blobs)
+
+
+def check_tensor_size(index: int, ins: UploadTensor, size: int) -> None:
+    from kcoral.wire import tensor_nbytes
+
+    want = tensor_nbytes(ins.dtype, ins.shape)
+    if size != want:
+        raise WireError(f"instruction {index}: tensor blob has {size} bytes, dtype {ins.dtype} shape {ins.shape} needs {want}")

@@ -1,0 +1,182 @@
+"""Per-request working directories and link-safe file access inside them.
+
+Every path is walked one component at a time with `dir_fd` and O_NOFOLLOW, so a symbolic
+link planted by earlier program code can never redirect a write or a read outside the
+workspace. Used by the server (create/remove) and the worker (files in and out).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import sys
+from dataclasses import dataclass
+
+from kcoral.values import FileValue, FolderValue
+from kcoral.wire import normalize_path
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class WorkspaceError(ValueError):
+    """A path the workspace rules refuse (a link, a special file, a missing file)."""
+
+
+@dataclass(frozen=True)
+class RequestDirs:
+    base: str  # holds the captured stdout/stderr, outside the working directory
+    work: str  # the program's working directory
+
+    @property
+    def stdout_path(self) -> str:
+        return os.path.join(self.base, "stdout")
+
+    @property
+    def stderr_path(self) -> str:
+        return os.path.join(self.base, "stderr")
+
+
+def create_request_dirs(root: str, request_id: str) -> RequestDirs:
+    base = os.path.join(root, f"req-{request_id}")
+    os.mkdir(base, 0o700)
+    work = os.path.join(base, "work")
+    os.mkdir(work, 0o700)
+    return RequestDirs(base, work)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a request directory even if the program made parts of it unwritable."""
+
+    def fix(func, p, _exc):  # noqa: ANN001
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=fix)
+    else:
+        shutil.rmtree(path, onerror=fix)
+
+
+def _open_dir(parent_fd: int, name: str, create: bool) -> int:
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise WorkspaceError(f"{name!r} is a symbolic link or not a directory") from None
+        if exc.errno == errno.ENOENT:
+            raise WorkspaceError(f"directory {name!r} does not exist") from None
+        raise
+
+
+def _walk(root: str, parts: list[str], create: bool) -> int:
+    """Open the directory `root/parts...` without following links; caller closes the fd."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for name in parts:
+            nfd = _open_dir(fd, name, create)
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_file_from(root: str, relpath: str, source_path: str) -> None:
+    """Materialise `source_path`'s bytes at root/relpath (mode 0600, parents 0700)."""
+    parts = normalize_path(relpath).split("/")
+    dfd = _walk(root, parts[:-1], create=True)
+    try:
+        try:
+            out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise WorkspaceError(f"{relpath!r} exists and is not a regular file") from None
+            raise
+    finally:
+        os.close(dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(out).st_mode):
+            raise WorkspaceError(f"{relpath!r} exists and is not a regular file")
+        os.fchmod(out, 0o600)
+        with open(source_path, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            offset = 0
+            while offset < size:
+                sent = os.sendfile(out, src.fileno(), offset, size - offset)
+                if sent == 0:
+                    break
+                offset += sent
+    finally:
+        os.close(out)
+
+
+def _read_at(dfd: int, name: str, shown: str) -> bytes:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WorkspaceError(f"{shown!r} is a symbolic link") from None
+        if exc.errno == errno.ENOENT:
+            raise WorkspaceError(f"{shown!r} does not exist") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise WorkspaceError(f"{shown!r} is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def read_file(root: str, relpath: str) -> FileValue:
+    parts = normalize_path(relpath).split("/")
+    dfd = _walk(root, parts[:-1], create=False)
+    try:
+        return FileValue(_read_at(dfd, parts[-1], relpath))
+    finally:
+        os.close(dfd)
+
+
+def read_folder(root: str, relpath: str) -> FolderValue:
+    """Snapshot a folder: regular files and directories only; links or specials fail."""
+    norm = normalize_path(relpath, allow_root=True)
+    dfd = _walk(root, norm.split("/") if norm else [], create=False)
+    folder = FolderValue()
+    try:
+        _collect(dfd, "", folder)
+    finally:
+        os.close(dfd)
+    return folder
+
+
+def _collect(dfd: int, prefix: str, folder: FolderValue) -> None:
+    with os.scandir(dfd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        rel = f"{prefix}{entry.name}"
+        if entry.is_symlink():
+            raise WorkspaceError(f"{rel!r} is a symbolic link")
+        if entry.is_dir(follow_symlinks=False):
+            folder.directories.append(rel)
+            sub = _open_dir(dfd, entry.name, create=False)
+            try:
+                _collect(sub, rel + "/", folder)
+            finally:
+                os.close(sub)
+        elif entry.is_file(follow_symlinks=False):
+            folder.files[rel] = _read_at(dfd, entry.name, rel)
+        else:
+            raise WorkspaceError(f"{rel!r} is a special file")

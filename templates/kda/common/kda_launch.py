@@ -1,0 +1,107 @@
+"""Compile and launch helpers shared by the KDA candidates (CuPy + NVRTC).
+
+Sources are compiled once per process. Local ``#include "..."`` headers are inlined
+before compiling, so the source text CuPy hashes for its on-disk kernel cache
+(``CUPY_CACHE_DIR``, keyed by source, options and target) covers every header: an edit
+to a header is a new cache entry, and a second process reuses the compiled module.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import numpy
+
+try:
+    import cupy
+except ImportError:  # the source helpers below still work on a machine without CuPy
+    cupy = None
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.M)
+_PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*$", re.M)
+_modules: dict = {}
+
+
+def inline_includes(path: Path, _seen: set[Path] | None = None) -> str:
+    """The source at ``path`` with its local includes pasted in, each header once."""
+    seen = set() if _seen is None else _seen
+    path = Path(path).resolve()
+    seen.add(path)
+
+    def paste(m: re.Match) -> str:
+        header = (path.parent / m.group(1)).resolve()
+        if header in seen:
+            return ""
+        return inline_includes(header, seen)
+
+    return _INCLUDE.sub(paste, _PRAGMA_ONCE.sub("", path.read_text()))
+
+
+def compile_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
+    # CuPy adds the device's -arch itself; mma.sync, ldmatrix and cp.async need sm_80+.
+    return ("-std=c++17", *(f"-D{d}" for d in defines))
+
+
+def load_module(path: Path, defines: tuple[str, ...] = ()):
+    src = inline_includes(path)
+    opts = compile_options(defines)
+    key = hashlib.sha256("\0".join((src, *opts)).encode()).hexdigest()
+    mod = _modules.get(key)
+    if mod is None:
+        mod = cupy.RawModule(code=src, options=opts, backend="nvrtc")
+        _modules[key] = mod
+    return mod
+
+
+def get_kernel(module, name: str, smem_bytes: int):
+    kern = module.get_function(name)
+    if smem_bytes > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = smem_bytes
+    return kern
+
+
+def ptr(a) -> numpy.uint64:
+    """A device array as a raw pointer argument (bf16 arrays are read as raw bits)."""
+    return numpy.uint64(a.data.ptr)
+
+
+def _bf16_dtype():
+    try:
+        import ml_dtypes
+
+        cupy.empty(1, dtype=ml_dtypes.bfloat16)
+        return ml_dtypes.bfloat16
+    except Exception:  # an older CuPy without bfloat16: keep raw uint16 bits
+        return cupy.uint16
+
+
+def to_bf16(x):
+    """float32 -> bf16 (round to nearest even), as CuPy's bf16 dtype when it has one."""
+    bits = cupy.ascontiguousarray(x, dtype=cupy.float32).view(cupy.uint32)
+    rounded = (bits + cupy.uint32(0x7FFF) + ((bits >> 16) & cupy.uint32(1))) >> 16
+    return rounded.astype(cupy.uint16).view(_bf16_dtype())
+
+
+def bf16_to_f32(x):
+    return (x.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
+
+
+def random_inputs(B: int, T: int, H: int, seed: int = 0, K: int = 128) -> dict:
+    """Inputs drawn like the scored case, plus preallocated NaN outputs."""
+    rs = cupy.random.RandomState(seed)
+    data = {n: to_bf16(rs.standard_normal((B, T, H, K), dtype=cupy.float32) * 0.5) for n in "qkvg"}
+    data["beta"] = to_bf16(rs.standard_normal((B, T, H), dtype=cupy.float32) * 0.5)
+    data["A_log"] = cupy.log(rs.uniform(1, 16, H)).astype(cupy.float32)
+    dt = cupy.maximum(cupy.exp(rs.uniform(numpy.log(1e-3), numpy.log(0.1), H * K)), 1e-4)
+    data["dt_bias"] = (dt + cupy.log(-cupy.expm1(-dt))).astype(cupy.float32)
+    data["scale"] = K ** -0.5
+    data["initial_state"] = rs.standard_normal((B, H, K, K), dtype=cupy.float32) * 0.25
+    data["output"] = to_bf16(cupy.full((B, T, H, K), numpy.nan, dtype=cupy.float32))
+    data["final_state"] = cupy.full((B, H, K, K), numpy.nan, dtype=cupy.float32)
+    return data
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))

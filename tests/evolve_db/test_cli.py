@@ -1,0 +1,142 @@
+"""The read-side commands and `register`: each once as a real subprocess
+(`python -m evolve.cli ...`), their variants in-process through `evolve.cli.main` (a
+subprocess costs a second of imports on a small machine)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from evolve.cli import main
+from evolve.db import open_database
+from evolve.population import Population
+
+from .conftest import populate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def evolve(cwd: Path, *args: str, env_db: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("EVOLVE_DB", None)
+    if env_db:
+        env["EVOLVE_DB"] = env_db
+    return subprocess.run(
+        [sys.executable, "-m", "evolve.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run `evolve ARGS` in this process with tmp_path as the working directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EVOLVE_DB", raising=False)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> tuple[Path, dict[str, int]]:
+    """A populated evolve.db in tmp_path (the default database location)."""
+    db = open_database(f"sqlite:///{tmp_path / 'evolve.db'}")
+    pop = Population(db)
+    ids = populate(pop, pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small"))
+    db.close()
+    return tmp_path, ids
+
+
+def test_register_infers_workload_dedups_and_refuses_links(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    scratch = tmp_path / "candidates" / "kda" / "fw_small" / "scratch"
+    exp = scratch / "overlap"
+    exp.mkdir(parents=True)
+    (exp / "solution.py").write_text("def setup(data, B, T, H):\n    return lambda: None\n")
+    (exp / "__pycache__").mkdir()
+    (exp / "__pycache__" / "solution.cpython-311.pyc").write_bytes(b"\0junk")
+    first = evolve(tmp_path, "register", str(exp), "--author", "agent-7", "--notes", "overlap the tail")
+    assert first.returncode == 0, first.stderr
+    cid = int(first.stdout.strip())
+    copy = scratch / "overlap-copy"
+    copy.mkdir()
+    (copy / "solution.py").write_text((exp / "solution.py").read_text())
+    again = cli("register", "candidates/kda/fw_small/scratch/overlap-copy")
+    assert again.returncode == 0 and int(again.stdout.strip()) == cid
+    assert "already registered" in again.stderr
+    pop = Population.open(f"sqlite:///{tmp_path / 'evolve.db'}")
+    cand = pop.candidate(cid)
+    assert cand is not None and cand.origin == "agent" and cand.author == "agent-7" and cand.name == "overlap"
+    assert cand.directory == "candidates/kda/fw_small/scratch/overlap"
+    assert pop.workload("fw_small").path == "candidates/kda/fw_small"  # type: ignore[union-attr]
+    (copy / "helper.py").symlink_to(exp / "solution.py")
+    linked = cli("register", str(copy))
+    assert linked.returncode == 2 and "symbolic link" in linked.stderr
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "solution.py").write_text("x = 1\n")
+    assert "--workload" in cli("register", str(outside)).stderr
+    ok = cli("register", str(outside), "--workload", "fw_small", "--name", "loose")
+    assert ok.returncode == 0 and int(ok.stdout) != cid
+    missing = cli("register", str(tmp_path), "--workload", "fw_small")
+    assert missing.returncode == 2 and "solution.py" in missing.stderr
+
+
+def test_leaderboard_command(demo: tuple[Path, dict[str, int]], cli) -> None:  # type: ignore[no-untyped-def]
+    cwd, ids = demo
+    table = evolve(cwd, "leaderboard")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[2].split()[1] == str(ids["fast"]) and "✓" in lines[2]
+    as_json = json.loads(cli("leaderboard", "--json", "--limit", "2").stdout)
+    assert [r["candidate_id"] for r in as_json] == [ids["fast"], ids["slow"]]
+    unknown = cli("leaderboard", "--workload", "nope")
+    assert unknown.returncode == 2 and "nope" in unknown.stderr
+
+
+def test_show_command(demo: tuple[Path, dict[str, int]], cli) -> None:  # type: ignore[no-untyped-def]
+    cwd, ids = demo
+    out = evolve(cwd, "show", str(ids["broken"]))
+    assert out.returncode == 0, out.stderr
+    assert "failed (compile)" in out.stdout and "identifier undefined" in out.stdout and "nvcc failed" in out.stdout
+    assert f"^ {ids['fast']}" in out.stdout and f"^ {ids['seed']}" in out.stdout
+    by_dir = cli("show", "candidates/kda/forward_cpu_small/gen/fast", "--json")
+    doc = json.loads(by_dir.stdout)
+    assert doc["candidate"]["id"] == ids["fast"]
+    assert [e["stage"] for e in doc["evaluations"]] == ["check", "bench", "ncu", "confirm"]
+    assert [c["id"] for c in doc["children"]] == [ids["broken"]]
+    assert cli("show", "9999").returncode == 1
+
+
+def test_status_and_report_commands(demo: tuple[Path, dict[str, int]], cli) -> None:  # type: ignore[no-untyped-def]
+    cwd, ids = demo
+    status = evolve(cwd, "status")
+    assert status.returncode == 0, status.stderr
+    assert "failed/compile=1" in status.stdout
+    assert f"candidate {ids['fast']}" in status.stdout.split("confirmed best:")[1]
+    report = cli("report", "--out", "r.html", "--workload", "forward_cpu_small")
+    assert report.returncode == 0, report.stderr
+    page = (cwd / "r.html").read_text()
+    assert "<svg" in page and "<table>" in page
+
+
+def test_db_commands_and_version_refusal(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert cli("db", "current", "--db", url).returncode == 1
+    up = evolve(tmp_path, "db", "upgrade", "--db", url)
+    assert up.returncode == 0 and "-> 0001" in up.stdout
+    assert cli("db", "current", "--db", url).returncode == 0
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'abcdef99'"))
+    engine.dispose()
+    refused = evolve(tmp_path, "leaderboard", env_db=url)
+    assert refused.returncode == 2 and "evolve db upgrade" in refused.stderr

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, text
+
+from evolve.db import SchemaVersionError, open_database
+from evolve.db.migrate import alembic_config, current_revision, head_revision, upgrade
+from evolve.db.models import Base
+
+TABLES = {
+    "workloads",
+    "runs",
+    "candidates",
+    "candidate_parents",
+    "evaluations",
+    "promotions",
+    "promotion_confirmations",
+    "alembic_version",
+}
+
+
+def test_empty_database_is_migrated_to_head(db_url: str) -> None:
+    db = open_database(db_url)
+    try:
+        with db.engine.connect() as conn:
+            assert set(inspect(conn).get_table_names()) == TABLES
+            assert current_revision(conn) == head_revision()
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            # The migration and the ORM models describe the same schema.
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    finally:
+        db.close()
+    open_database(db_url).close()  # a second open of a current database is accepted
+
+
+def test_future_revision_is_refused_naming_the_upgrade_command(db_url: str) -> None:
+    open_database(db_url).close()
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'f00dfeed'"))
+    engine.dispose()
+    with pytest.raises(SchemaVersionError) as err:
+        open_database(db_url)
+    assert "evolve db upgrade" in str(err.value)
+    assert "f00dfeed" in str(err.value)
+
+
+def test_downgrade_to_base_then_upgrade_restores_the_schema(db_url: str) -> None:
+    db = open_database(db_url)
+    with db.write_connection() as conn:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "base")
+        assert set(inspect(conn).get_table_names()) == {"alembic_version"}
+    before, after = upgrade(db)
+    assert before is None and after == head_revision()
+    with db.engine.connect() as conn:
+        assert set(inspect(conn).get_table_names()) == TABLES
+    db.close()
+    open_database(db_url).close()
+
+
+def test_foreign_tables_without_revision_are_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'other.db'}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE notes (id INTEGER PRIMARY KEY)"))
+    engine.dispose()
+    with pytest.raises(SchemaVersionError, match="no evolve schema revision"):
+        open_database(url)

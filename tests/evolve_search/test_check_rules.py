@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from evolve.families import load_family
+from evolve.pipeline import nvcc
+from evolve.pipeline.static_rules import violations
+from evolve.render import render_candidate
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("import os\nos.system('ls')\n", "os.system"),
+    ("import os as o\nf = o.popen\n", "os.popen"),
+    ("from os import fork\n", "os.fork"),
+    ("import subprocess\n", "subprocess"),
+    ("from subprocess import run\n", "subprocess"),
+    ("import socket\n", "socket"),
+    ("import ctypes.util\n", "ctypes"),
+    ("x = eval('1')\n", "eval"),
+    ("m = __import__('os')\n", "__import__"),
+    ("def f(:\n", "syntax error"),
+])
+def test_forbidden_constructs_are_found(source, needle):
+    found = violations(source)
+    assert found and any(needle in f for f in found), found
+
+
+def test_clean_solution_passes():
+    assert violations("import os\nimport numpy as np\nX = os.environ.get('A')\n"
+                      "def setup(data, B, T, H):\n    return lambda: np.zeros(1)\n") == []
+
+
+def test_ptxas_log_is_parsed():
+    log = """ptxas info    : Compiling entry function 'k1' for 'sm_90a'
+ptxas info    : Function properties for k1
+    8 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 49152 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'k2' for 'sm_90a'
+ptxas info    : Function properties for k2
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers
+"""
+    ks = nvcc.parse_ptxas(log)
+    assert ks["k1"].registers == 255 and ks["k1"].smem_bytes == 49152
+    assert ks["k1"].spill_stores == 12 and ks["k1"].spill_loads == 16 and ks["k1"].stack_bytes == 8
+    assert ks["k2"].registers == 10 and ks["k2"].smem_bytes == 0
+    assert nvcc.gencode("sm_90a") == "-gencode=arch=compute_90a,code=sm_90a"
+    with pytest.raises(ValueError):
+        nvcc.gencode("sm90; rm -rf /")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+def test_nvcc_compiles_a_rendered_family_source(toy_family, tmp_path):
+    fam = load_family(toy_family)
+    out = render_candidate(fam, dict(fam.defaults, block=128, tile=2), tmp_path)
+    rep = nvcc.compile_cuda(out / "kernel.cu", "sm_90a", [], timeout=120)
+    assert rep.ok, rep.log
+    assert rep.kernels["toy_kernel"].smem_bytes == 128 * 2 * 4
+    assert rep.max_registers and rep.max_registers > 0
+    (out / "kernel.cu").write_text("this is not CUDA\n")
+    bad = nvcc.compile_cuda(out / "kernel.cu", "sm_90a", [], timeout=120)
+    assert not bad.ok and "error" in bad.log

@@ -1,0 +1,59 @@
+"""A server that dies and comes back on the same port mid-run: the run waits and goes on."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from evolve.embedded import free_port
+from tests.evolve_search.helpers import cli_env, evolve_cmd, population, wait_for, write_config
+from tests.serverproc import ServerProcess
+
+
+def test_run_survives_a_server_restart(tmp_path):
+    port = free_port()
+    args = ["--cpu-workers", "2", "--port", str(port)]
+    first = ServerProcess(args).start()
+    second = None
+    cfg = write_config(tmp_path, max_evals=2, confirm_runs=1, gputest=False,
+                       fixed='{ algorithm = "chunked", dtype = "float32" }', subspace='{ chunk = [16, 32] }')
+    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
+    proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", first.url, "--db", db_url),
+                            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pop = population(db_url)
+
+        def in_bench():
+            try:
+                wid = pop.workload_id("forward_cpu_small")
+            except KeyError:
+                return None
+            running = [e for e in pop.evaluations_of(wid, status="running") if e.stage == "bench"]
+            return running[0] if running else None
+
+        victim = wait_for(lambda: in_bench() or proc.poll() is not None, timeout=60, interval=0.05,
+                          what="a bench in flight")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        os.killpg(first.proc.pid, signal.SIGKILL)      # a crash, not a graceful drain
+        first.proc.wait(timeout=10)
+        time.sleep(1.5)                                 # the run sees connection refused meanwhile
+        second = ServerProcess(args).start()
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert proc.returncode == 0, err[-3000:]
+    wid = pop.workload_id("forward_cpu_small")
+    evs = pop.evaluations_of(wid)
+    assert not [e for e in evs if e.failure_kind == "transport"], [e.message for e in evs if e.failure_kind]
+    after = pop.evaluation(victim.id)
+    assert after.status == "passed"                   # the same row, finished once, after the restart
+    assert after.server_instance == second.instance_id != first.instance_id
+    benches = [e for e in evs if e.stage == "bench"]
+    assert len(benches) == 2 and all(e.status == "passed" for e in benches)
+    assert pop.runs(wid)[-1].state == "finished"

@@ -1,0 +1,43 @@
+"""Small helpers for server tests: raw multipart posts and one-function programs."""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import httpx
+
+from kcoral import Program
+from kcoral.wire import encode_multipart
+
+
+def post_raw(url: str, parts: list[tuple[str, str, bytes]], headers: dict[str, str] | None = None,
+             content_type: str | None = None, timeout: float = 30) -> httpx.Response:
+    ctype, chunks = encode_multipart(parts)
+    body = b"".join(bytes(c) for c in chunks)
+    h = {"Content-Type": content_type or ctype, **(headers or {})}
+    return httpx.post(f"{url}/execute", content=body, headers=h, timeout=timeout)
+
+
+def post_program(url: str, program: dict[str, Any] | str | bytes, blobs: dict[str, bytes] | None = None,
+                 headers: dict[str, str] | None = None) -> httpx.Response:
+    raw = program if isinstance(program, (bytes, str)) else json.dumps(program)
+    raw = raw.encode() if isinstance(raw, str) else raw
+    parts = [("program", "application/json", raw)]
+    parts += [(f"blob:{d}", "application/octet-stream", b) for d, b in (blobs or {}).items()]
+    return post_raw(url, parts, headers)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def function_program(source: str, name: str = "main", args: list[Any] | None = None,
+                     key: str = "out", cpu_only: bool = False) -> Program:
+    """A program that uploads `source`, runs `name(*args)` and returns it as `key`."""
+    p = Program()
+    mod = p.upload(kind="module", source=source)
+    fn = p.get_function(module=mod, name=name, cpu_only=cpu_only)
+    out = p.run(fn=fn, args=args or [])
+    p.return_(key=key, value=out)
+    return p

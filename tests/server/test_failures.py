@@ -1,0 +1,80 @@
+"""Timeouts and crashes: the worker's process group dies, a fresh worker takes its place."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from kcoral import Client, Program, RemoteError
+from tests.serverproc import ServerProcess
+
+from .helpers import function_program
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    with ServerProcess(["--cpu-workers", "1"]) as srv:
+        yield srv
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sleeping_program_times_out_and_its_children_die(one_worker, tmp_path) -> None:
+    pidfile = tmp_path / "child.pid"
+    src = (
+        "import subprocess, time\n"
+        "def main(path):\n"
+        "    child = subprocess.Popen(['sleep', '300'])\n"
+        "    open(path, 'w').write(str(child.pid))\n"
+        "    time.sleep(300)\n"
+    )
+    client = Client(one_worker.url)
+    before = {w["worker_id"]: w["pid"] for w in one_worker.health()["workers"]}
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError) as info:
+        client.execute(function_program(src, args=[str(pidfile)]), timeout_seconds=1.5)
+    assert info.value.kind == "timeout" and info.value.status_code == 504
+    assert time.monotonic() - t0 < 10
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pid_alive(child), "the program's subprocess survived the timeout"
+    # The next request runs on a replaced worker.
+    out = client.execute(function_program("def main():\n    return 'alive'\n"), timeout_seconds=30)
+    assert out.results["out"] == "alive"
+    after = {w["worker_id"]: w["pid"] for w in one_worker.health()["workers"]}
+    assert after.keys() == before.keys() and after != before
+
+
+@pytest.mark.parametrize("crash", [
+    "import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)",
+    "import ctypes\n    ctypes.string_at(0)",
+    "import os\n    os._exit(3)",
+])
+def test_crashing_program_fails_with_index_and_next_request_works(one_worker, crash: str) -> None:
+    client = Client(one_worker.url)
+    p = Program()
+    mod = p.upload(kind="module", source=f"def ok():\n    return 'saved'\ndef boom():\n    print('about to crash', flush=True)\n    {crash}\n")
+    p.return_(key="early", value=p.run(fn=p.get_function(module=mod, name="ok")))
+    p.run(fn=p.get_function(module=mod, name="boom"))
+    res = client.execute(p, timeout_seconds=30)
+    assert res.status == "FAILED"
+    assert res.error.kind == "runtime"
+    assert res.error.instruction_index == 5 and res.error.instruction_op == "run"
+    assert "worker process" in res.error.message
+    assert res.results == {"early": "saved"}
+    assert "about to crash" in res.stdout
+    out = client.execute(function_program("def main():\n    return 7\n"), timeout_seconds=30)
+    assert out.results["out"] == 7

@@ -1,0 +1,112 @@
+"""Idempotency-Key: a retry gets the first outcome and never reruns the program."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from kcoral import Client, Program
+from kcoral.client import _split_response
+from tests.serverproc import ServerProcess
+
+from .helpers import function_program, post_program
+
+COUNTER = (
+    "import os, time\n"
+    "def main(path, sleep):\n"
+    "    n = int(open(path).read()) + 1 if os.path.exists(path) else 1\n"
+    "    open(path, 'w').write(str(n))\n"
+    "    time.sleep(sleep)\n"
+    "    return n\n"
+)
+
+
+def counter_program(path: str, sleep: float = 0.0) -> Program:
+    return function_program(COUNTER, args=[path, sleep])
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def server(state_dir):
+    with ServerProcess(["--cpu-workers", "2", "--state-dir", str(state_dir)]) as srv:
+        yield srv
+
+
+def test_retry_with_same_key_does_not_rerun(server, tmp_path) -> None:
+    counter = tmp_path / "count"
+    with Client(server.url) as c:
+        a = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="key-a")
+        b = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="key-a")
+        fresh = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="key-b")
+    assert a.results["out"] == b.results["out"] == 1
+    assert a.request_id == b.request_id
+    assert fresh.results["out"] == 2
+    assert counter.read_text() == "2"
+    deadline = time.monotonic() + 5  # log lines are written in batches
+    while not any(e.get("replay") for e in server.request_logs()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any(e.get("replay") for e in server.request_logs())
+
+
+def test_retry_after_dropped_connection_waits_for_the_running_attempt(server, tmp_path) -> None:
+    counter = tmp_path / "count"
+    p = counter_program(str(counter), sleep=1.5)
+    prog = p.to_dict({"timeout_seconds": 30})
+    headers = {"Idempotency-Key": "dropped-1"}
+    with pytest.raises(httpx.ReadTimeout):
+        post_timeout = httpx.Timeout(5.0, read=0.3)
+        from kcoral.wire import encode_multipart, dumps
+
+        ctype, chunks = encode_multipart([("program", "application/json", dumps(prog))])
+        httpx.post(f"{server.url}/execute", content=b"".join(chunks), headers={**headers, "Content-Type": ctype}, timeout=post_timeout)
+    r = post_program(server.url, prog, headers=headers)
+    result, _ = _split_response(r)
+    assert result["status"] == "COMPLETED", result
+    assert result["results"]["out"]["value"] == 1
+    assert counter.read_text() == "1"
+
+
+def test_concurrent_retries_share_one_run(server, tmp_path) -> None:
+    counter = tmp_path / "count"
+    outs: list = [None, None, None]
+
+    def go(i: int) -> None:
+        with Client(server.url) as c:
+            outs[i] = c.execute(counter_program(str(counter), sleep=0.5), timeout_seconds=30, idempotency_key="conc-1")
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [o.results["out"] for o in outs] == [1, 1, 1]
+    assert counter.read_text() == "1"
+
+
+def test_same_key_for_a_different_program_is_refused(server, tmp_path) -> None:
+    with Client(server.url) as c:
+        c.execute(counter_program(str(tmp_path / "c1")), timeout_seconds=30, idempotency_key="reuse-1")
+    r = post_program(server.url, counter_program(str(tmp_path / "c2")).to_dict(), headers={"Idempotency-Key": "reuse-1"})
+    assert r.status_code == 400 and "different program" in r.json()["error"]["message"]
+
+
+def test_outcome_survives_a_server_restart(state_dir, tmp_path) -> None:
+    counter = tmp_path / "count"
+    with ServerProcess(["--cpu-workers", "1", "--state-dir", str(state_dir)]) as first:
+        with Client(first.url) as c:
+            a = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="restart-1")
+    with ServerProcess(["--cpu-workers", "1", "--state-dir", str(state_dir)]) as second:
+        assert second.instance_id != first.instance_id
+        with Client(second.url) as c:
+            b = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="restart-1")
+    assert a.results["out"] == b.results["out"] == 1 and a.request_id == b.request_id
+    assert counter.read_text() == "1"
+    # The same state dir also kept the generated holdout salt (private file).
+    salt = state_dir / "holdout_salt"
+    assert salt.exists() and (salt.stat().st_mode & 0o777) == 0o600

@@ -1,0 +1,109 @@
+"""In-process checks of the server's small parts (no server process needed)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from kcoral.wire import WireError, encode_multipart, normalize_path, parse_multipart
+from server.blobs import BlobStore
+from server.holdout import HoldoutSalt
+from server.journal import Journal, StoredResponse
+from server.scheduler import LeaseScheduler
+
+
+@pytest.mark.parametrize("raw,norm", [("a/b", "a/b"), ("./a//b/./c", "a/b/c"), ("a/./b", "a/b")])
+def test_normalize_path_accepts(raw: str, norm: str) -> None:
+    assert normalize_path(raw) == norm
+
+
+@pytest.mark.parametrize("raw", ["", "/a", "a/../b", "..", "a\\b", "a\x00", ".", "a/"])
+def test_normalize_path_refuses(raw: str) -> None:
+    with pytest.raises(WireError):
+        normalize_path(raw)
+    assert normalize_path(".", allow_root=True) == ""
+
+
+def test_multipart_round_trip_and_strictness() -> None:
+    ctype, chunks = encode_multipart([("a", "application/json", b"{}"), ("b", "application/octet-stream", b"\r\n--x\r\n")])
+    parts = parse_multipart(b"".join(chunks), ctype)
+    assert [(p.name, bytes(p.data)) for p in parts] == [("a", b"{}"), ("b", b"\r\n--x\r\n")]
+    with pytest.raises(WireError):
+        parse_multipart(b"".join(chunks)[:-10], ctype)
+    with pytest.raises(WireError):
+        parse_multipart(b"".join(chunks), "multipart/form-data")
+
+
+def test_blob_store_evicts_lru_but_never_pinned(tmp_path) -> None:
+    store = BlobStore(str(tmp_path / "blobs"), capacity_bytes=250)
+    for name in ("a", "b", "c"):
+        store.write_file(name, bytes(100))
+        store.register(name, 100)
+    store.pin(["a"])
+    store.trim()  # 300 > 250: the oldest unpinned ("b") goes
+    assert store.missing(["a", "b", "c"]) == ["b"]
+    assert not (tmp_path / "blobs" / "b").exists()
+    store.unpin(["a"])
+    assert store.used_bytes == 200
+
+
+def test_journal_replays_then_expires(tmp_path) -> None:
+    async def scenario() -> None:
+        j = Journal(str(tmp_path), retention_seconds=0.2)
+        j.begin("k", "hash")
+        await j.finish("k", StoredResponse(200, {"Content-Type": "application/json"}, b"{}"))
+        again = Journal(str(tmp_path), retention_seconds=0.2)  # as after a restart
+        entry = again.get("k")
+        assert entry is not None and entry.response is not None and entry.response.body == b"{}"
+        time.sleep(0.25)
+        assert again.get("k") is None
+        assert Journal(str(tmp_path), retention_seconds=0.2).get("k") is None
+
+    asyncio.run(scenario())
+
+
+def test_leases_are_fifo_and_exclusive() -> None:
+    async def scenario() -> list[str]:
+        s = LeaseScheduler([0])
+        order: list[str] = []
+
+        async def user(name: str, delay: float) -> None:
+            await asyncio.sleep(delay)
+            await s.acquire(0)
+            order.append(f"+{name}")
+            await asyncio.sleep(0.01)
+            order.append(f"-{name}")
+            s.release(0)
+
+        await asyncio.gather(user("a", 0), user("b", 0.001), user("c", 0.002))
+        assert s.depth(0) == 0
+        return order
+
+    assert asyncio.run(scenario()) == ["+a", "-a", "+b", "-b", "+c", "-c"]
+
+
+def test_holdout_salt_file_and_repr(tmp_path) -> None:
+    f = tmp_path / "salt"
+    f.write_bytes(b"abc\n")
+    salt = HoldoutSalt.load(str(f), None)
+    assert "abc" not in repr(salt)
+    assert salt.seeds("ns", 2) == HoldoutSalt(b"abc").seeds("ns", 2)
+    assert salt.seeds("ns", 2) != HoldoutSalt(b"abd").seeds("ns", 2)
+
+
+def test_stale_scratch_folders_of_dead_servers_are_swept(tmp_path) -> None:
+    import subprocess
+
+    from server.tempdirs import OWNER_FILE, make_owned_dir, sweep_stale
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / "kcoral-x-stale"
+    stale.mkdir()
+    (stale / OWNER_FILE).write_text(str(dead.pid))
+    mine = make_owned_dir("kcoral-x-", str(tmp_path))
+    foreign = tmp_path / "kcoral-x-foreign"
+    foreign.mkdir()  # no owner file: never touched
+    assert sweep_stale(str(tmp_path), "kcoral-x-") == 1
+    assert not stale.exists() and (tmp_path / mine).exists() and foreign.exists()

@@ -1,0 +1,68 @@
+"""two_pass family: admissible points render and compile for sm_90a without spills,
+inadmissible points are rejected before rendering, and IKET costs nothing when off."""
+from __future__ import annotations
+
+import pytest
+
+from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_ptxas
+
+# (overrides, register bound for the state kernel); the prep kernel is capped at 128
+# registers by its launch bounds (two CTAs of 256 threads per SM).
+POINTS = [
+    ({}, 255),
+    ({"v_block": 128, "state_warps": 8}, 255),
+    ({"v_block": 32, "state_warps": 8}, 200),
+    ({"v_block": 64, "stages": 2}, 255),
+]
+SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
+
+
+def test_family_loads_and_defaults_are_admitted():
+    from evolve.families import load_family
+
+    fam = load_family(TEMPLATES / "two_pass")
+    assert fam.check(fam.defaults) == []
+    assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"v_block": 128, "state_warps": 4}, "64 fp32 registers"),
+    ({"chunk": 32}, "chunk"),
+])
+def test_constraints_reject(overrides, message):
+    from evolve.families import load_family
+
+    fam = load_family(TEMPLATES / "two_pass")
+    problems = fam.check({**fam.defaults, **overrides})
+    assert problems, f"{overrides} should be rejected"
+    assert any(message in p for p in problems), problems
+
+
+@needs_nvcc
+@pytest.mark.parametrize("overrides, state_reg_bound", POINTS)
+def test_points_compile_without_spills(render_point, tmp_path, overrides, state_reg_bound):
+    cand, fam = render_point("two_pass", **overrides)
+    env = fam.environment({**fam.defaults, **overrides})
+    reports = {}
+    for src, kernel in (("kda_prep.cu", "kda_prep_kernel"), ("kda_state.cu", "kda_state_kernel")):
+        reports[kernel] = parse_ptxas(compile_cubin(cand / src, tmp_path), kernel)
+    prep, state = reports["kda_prep_kernel"], reports["kda_state_kernel"]
+    for r in reports.values():
+        assert r.spill_stores <= SPILL_BOUND and r.spill_loads <= SPILL_BOUND, reports
+        assert r.stack_bytes == 0, reports
+        assert r.static_smem == 0   # all tiles live in dynamic shared memory
+    assert prep.registers <= 128
+    assert state.registers <= state_reg_bound
+    # the shared memory the host asks for fits the SM and the occupancy the design assumes
+    assert env["state_smem_bytes"] <= 227 * 1024
+    assert 2 * env["prep_smem_bytes"] <= 227 * 1024
+
+
+@needs_nvcc
+def test_iket_is_free_when_off(render_point):
+    cand, _ = render_point("two_pass")
+    for src in ("kda_prep.cu", "kda_state.cu"):
+        off = compile_ptx(cand / src)
+        on = compile_ptx(cand / src, ("IKET=1",))
+        assert "globaltimer" not in off and "iket_buffer" not in off
+        assert "globaltimer" in on and "iket_buffer" in on
