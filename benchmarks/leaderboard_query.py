@@ -82,6 +82,7 @@ def fill(pop: Population, workload_id: int, n_evaluations: int, seed: int = 7) -
     with pop.db.write() as s:
         for i in range(0, len(rows), 20_000):
             s.execute(insert(EvaluationModel), rows[i : i + 20_000])
+    pop.recompute_best_speedups()  # bulk inserts bypass finish_stage, which keeps it
     return n_candidates
 
 

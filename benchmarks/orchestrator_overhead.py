@@ -28,7 +28,7 @@ from evolve.pipeline.check import _import_probe  # noqa: E402
 from evolve.pipeline.static_rules import violations  # noqa: E402
 from evolve.population import NewCandidate, Population, StageResult  # noqa: E402
 from evolve.render import render_candidate  # noqa: E402
-from evolve.strategies import EvolutionStrategy, Parent, SearchState  # noqa: E402
+from evolve.strategies import EvolutionStrategy, Parent, SearchState, point_key  # noqa: E402
 
 FAMILY = REPO / "templates" / "kda" / "numpy_chunked"
 
@@ -66,7 +66,7 @@ def main() -> int:
         wid = pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small")
         parents = [Parent(id=i + 1, family=fam.name, params=rng.choice(points), speedup=rng.random() * 3)
                    for i in range(args.population)]
-        state = SearchState(correct=parents, tried=set())
+        state = SearchState(correct=parents, tried={point_key(fam.name, fam.defaults)})  # past the seed
         strategy = EvolutionStrategy({fam.name: fam}, StrategyConfig(population_size=16))
         rows.append(row(f"propose (evolution, {args.population} correct)",
                         timed(lambda: strategy.propose(state, rng), args.repeat)))

@@ -1,8 +1,8 @@
 """The leaderboard: candidates ranked by their best passed bench speedup.
 
-The ranking query reads only the `ix_evaluations_leaderboard` index (stage, status,
-candidate, speedup) and the candidates table; details (times, spread, sectors,
-confirmation marks) are then fetched for the few rows shown.
+Ranking walks the `candidates.best_speedup` index from the top (the column is kept by
+`Population.finish_stage`); details (times, spread, sectors, confirmation marks) are
+then fetched for the few rows shown.
 """
 from __future__ import annotations
 
@@ -23,21 +23,13 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
     # Plain Core queries on the session's connection: this runs on every `evolve
     # leaderboard` and in the search loop, and ORM objects would cost more than the SQL.
     conn = session.connection()
-    best = (
-        select(EvaluationModel.candidate_id, func.max(EvaluationModel.speedup).label("speedup"))
-        .where(
-            EvaluationModel.stage == RANKED_STAGE,
-            EvaluationModel.status == "passed",
-            EvaluationModel.speedup.is_not(None),
-        )
-        .group_by(EvaluationModel.candidate_id)
-        .subquery()
-    )
     C = CandidateModel
+    # candidates.best_speedup is kept by finish_stage, so ranking reads the top of an index.
     ranked = (
-        select(C.id, C.workload_id, C.name, C.directory, C.origin, C.family, C.author, C.generation, best.c.speedup)
-        .join(best, best.c.candidate_id == C.id)
-        .order_by(best.c.speedup.desc(), C.id)
+        select(C.id, C.workload_id, C.name, C.directory, C.origin, C.family, C.author, C.generation,
+               C.best_speedup.label("speedup"))
+        .where(C.best_speedup.is_not(None))
+        .order_by(C.best_speedup.desc(), C.id)
     )
     if workload_id is not None:
         ranked = ranked.where(C.workload_id == workload_id)
@@ -50,7 +42,7 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
 
     # The evaluation that holds each candidate's best speedup (lowest id on ties).
     E = EvaluationModel
-    bench: dict[int, tuple[int, float | None, float | None, float | None, int | None]] = {}
+    bench: dict[int, tuple[int | None, float | None, float | None, float | None, int | None]] = {}
     for ev in conn.execute(
         select(E.candidate_id, E.id, E.ms, E.baseline_ms, E.spread, E.excessive_sectors)
         .where(E.candidate_id.in_(ids), E.stage == RANKED_STAGE, E.status == "passed", E.speedup.is_not(None))
@@ -77,7 +69,8 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
 
     rows: list[LeaderboardRow] = []
     for rank, cand in enumerate(top, start=1):
-        eid, ms, baseline_ms, spread, bench_sectors = bench[cand.id]
+        # (None...) only if best_speedup was edited by hand; recompute_best_speedups repairs it.
+        eid, ms, baseline_ms, spread, bench_sectors = bench.get(cand.id, (None, None, None, None, None))
         rows.append(
             LeaderboardRow(
                 rank=rank,

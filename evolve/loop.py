@@ -64,11 +64,13 @@ def display_path(path: Path) -> str:
 
 
 def server_concurrency(health: dict) -> int:
-    """GPU worker count of a GPU server (one program per GPU at a time), else CPU workers."""
-    gpus = int(health.get("gpu_count") or 0)
-    if gpus > 0:
-        return gpus
+    """The server's GPU worker count (its GPU leases keep timed work from overlapping, and a
+    second worker per GPU overlaps one request's CPU part with another's GPU part); on a
+    CPU server, its worker count."""
     workers = health.get("workers") or []
+    if int(health.get("gpu_count") or 0) > 0:
+        on_gpu = [w for w in workers if isinstance(w, dict) and w.get("gpu_id") is not None]
+        return max(1, len(on_gpu) or int(health["gpu_count"]))
     return max(1, len(workers))
 
 

@@ -54,7 +54,7 @@ from evolve.db.records import (
     StatusCount,
     Workload,
 )
-from evolve.leaderboard import leaderboard_rows
+from evolve.leaderboard import RANKED_STAGE, leaderboard_rows
 
 __all__ = [
     "Candidate",
@@ -429,7 +429,42 @@ class Population:
                 .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == "running")
                 .values(**values, ended_at=utcnow())
             )
-            return outcome.rowcount == 1  # type: ignore[attr-defined]
+            if outcome.rowcount != 1:  # type: ignore[attr-defined]
+                return False
+            if result.status == "passed" and result.speedup is not None:
+                self._raise_best_speedup(s, evaluation_id, result.speedup)
+            return True
+
+    @staticmethod
+    def _raise_best_speedup(s: Session, evaluation_id: int, speedup: float) -> None:
+        """Keep candidates.best_speedup (the leaderboard's key) in step with a passed bench."""
+        owner = (
+            select(EvaluationModel.candidate_id)
+            .where(EvaluationModel.id == evaluation_id, EvaluationModel.stage == RANKED_STAGE)
+            .scalar_subquery()
+        )
+        s.execute(
+            update(CandidateModel)
+            .where(
+                CandidateModel.id == owner,
+                (CandidateModel.best_speedup.is_(None)) | (CandidateModel.best_speedup < speedup),
+            )
+            .values(best_speedup=speedup)
+        )
+
+    def recompute_best_speedups(self) -> None:
+        """Rebuild candidates.best_speedup from the evaluations (after bulk imports)."""
+        best = (
+            select(func.max(EvaluationModel.speedup))
+            .where(
+                EvaluationModel.candidate_id == CandidateModel.id,
+                EvaluationModel.stage == RANKED_STAGE,
+                EvaluationModel.status == "passed",
+            )
+            .scalar_subquery()
+        )
+        with self.db.write() as s:
+            s.execute(update(CandidateModel).values(best_speedup=best))
 
     def mark_interrupted(self, evaluation_id: int, message: str = "interrupted: its process died") -> bool:
         """running -> interrupted (compare-and-set); a retry then uses retry_of=evaluation_id."""

@@ -7,6 +7,7 @@ leaves a half-written candidate under its final name.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -43,9 +44,11 @@ def source_digest(directory: str | Path, exclude: tuple[str, ...] = (PARAMS_FILE
     return h.hexdigest()
 
 
-def _environment(family: Family) -> jinja2.Environment:
+@functools.lru_cache(maxsize=64)
+def _environment(directory: Path) -> jinja2.Environment:
+    # One environment per family folder: Jinja caches compiled templates inside it.
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(family.directory)),
+        loader=jinja2.FileSystemLoader(str(directory)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -57,7 +60,7 @@ def render_sources(family: Family, params: Mapping[str, Any]) -> dict[str, bytes
     point = family.validate(params)
     variables = family.environment(point)
     variables = {**variables, "params": dict(point), "family_name": family.name}
-    env = _environment(family)
+    env = _environment(family.directory)
     files: dict[str, bytes] = {}
     for rel in family.spec.render:
         try:

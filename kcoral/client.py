@@ -130,7 +130,7 @@ class Client:
         """One submission (with retries); an Outcome, or the digests the server misses."""
         parts = [("program", "application/json", program_json)]
         parts += [(f"blob:{d}", "application/octet-stream", data) for d, data in blobs.items()]
-        ctype, chunks = encode_multipart(parts)
+        ctype, chunks = encode_multipart(parts, part_lengths=False)
         content = b"".join(bytes(c) if isinstance(c, memoryview) else c for c in chunks)
         headers = {"Content-Type": ctype, "Idempotency-Key": key}
 

@@ -403,14 +403,20 @@ def new_boundary() -> str:
     return "kcoral-" + os.urandom(16).hex()
 
 
-def encode_multipart(parts: list[tuple[str, str, bytes | memoryview]], boundary: str | None = None) -> tuple[str, list[bytes | memoryview]]:
-    """Frame parts as multipart/form-data; returns (content-type header, body chunks)."""
+def encode_multipart(parts: list[tuple[str, str, bytes | memoryview]], boundary: str | None = None,
+                     part_lengths: bool = True) -> tuple[str, list[bytes | memoryview]]:
+    """Frame parts as multipart/form-data; returns (content-type header, body chunks).
+
+    `part_lengths` adds a Content-Length header to each part (our responses do, so a
+    reader can check them); requests leave it out, as common HTTP clients do.
+    """
     boundary = boundary or new_boundary()
     chunks: list[bytes | memoryview] = []
     for name, ctype, data in parts:
+        length = f"Content-Length: {len(data)}\r\n" if part_lengths else ""
         chunks.append(
             (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n"
-             f"Content-Type: {ctype}\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+             f"Content-Type: {ctype}\r\n{length}\r\n").encode()
         )
         chunks.append(data)
         chunks.append(b"\r\n")

@@ -75,6 +75,38 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
                     total_ms=round((time.monotonic() - t0) * 1e3, 3), **fields)
         return _response(reply)
 
+    async def submit_job(request: Request) -> Response:
+        rid = uuid.uuid4().hex
+        log = RequestLog(rid, _client(request))
+        t0 = time.monotonic()
+        if not auth.allows(request.headers.get("authorization")):
+            reply = error_reply(401, "unauthorized", "missing or wrong bearer token", rid)
+        else:
+            try:
+                body = await _read_body(request, engine.config.max_request_bytes)
+            except _TooLarge:
+                reply = error_reply(413, "request_too_large", f"request exceeds {engine.config.max_request_bytes} bytes", rid)
+            else:
+                try:
+                    reply = await engine.submit_job(body, request.headers.get("content-type"), log)
+                except Exception as exc:  # noqa: BLE001
+                    log.fields["exception"] = traceback.format_exc()[-2000:]
+                    reply = error_reply(500, "engine", f"{type(exc).__name__}: {exc}", rid)
+        reply.headers.setdefault("X-Request-ID", rid)
+        reply.headers.setdefault("X-Instance-ID", engine.instance_id)
+        fields: dict[str, Any] = dict(log.fields)
+        fields["status"] = fields.get("status") or ("ERROR" if reply.status_code >= 300 else "OK")
+        log_request(request_id=rid, client=log.client, path="/jobs", http=reply.status_code,
+                    total_ms=round((time.monotonic() - t0) * 1e3, 3), **fields)
+        return _response(reply)
+
+    async def get_job(request: Request) -> Response:
+        if not auth.allows(request.headers.get("authorization")):
+            return _response(error_reply(401, "unauthorized", "missing or wrong bearer token", "-"))
+        reply = engine.job_reply(request.path_params["job_id"])
+        reply.headers.setdefault("X-Instance-ID", engine.instance_id)
+        return _response(reply)
+
     async def not_found(request: Request) -> Response:
         if not auth.allows(request.headers.get("authorization")):
             return _response(error_reply(401, "unauthorized", "missing or wrong bearer token", "-"))
@@ -93,6 +125,8 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/execute", execute, methods=["POST"]),
+            Route("/jobs", submit_job, methods=["POST"]),
+            Route("/jobs/{job_id}", get_job, methods=["GET"]),
             Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
         ],
         lifespan=lifespan,

@@ -10,7 +10,6 @@ import datetime
 import os
 import shutil
 import time
-import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ from .holdout import HoldoutSalt
 from .journal import Journal, StoredResponse
 from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
 from .pool import WorkerPool, WorkerRun, WorkerSpec
-from .reqlog import log_event
+from .reqlog import log_event, log_request
 from .scheduler import LeaseScheduler
 from .tempdirs import make_owned_dir, sweep_stale
 from .workspace import create_request_dirs, remove_tree
@@ -82,6 +81,7 @@ class Engine:
         self.versions = versions(self.backend == "gpu")
         self.active = 0
         self.draining = False
+        self._jobs: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -170,16 +170,30 @@ class Engine:
         rid = log.request_id
         if self.draining:
             return error_reply(503, "busy", "server is draining", rid, retry_after=5)
-        self.active += 1
-        self._idle.clear()
+        self._enter()
         try:
             return await self._execute(body, content_type, idem_key, log)
         finally:
-            self.active -= 1
-            if self.active == 0:
-                self._idle.set()
+            self._leave()
+
+    def _enter(self) -> None:
+        self.active += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self._idle.set()
 
     async def _execute(self, body: bytes, content_type: str | None, key: str | None, log: RequestLog) -> Reply:
+        admitted = await self._prepare(body, content_type, key, log)
+        if isinstance(admitted, Reply):
+            return admitted
+        return await self._run_admitted(admitted, log)
+
+    async def _prepare(self, body: bytes, content_type: str | None, key: str | None,
+                       log: RequestLog) -> "Reply | _Admitted":
+        """Parse, cache blobs, answer replays and CACHE_MISS; else pin blobs and claim the key."""
         rid = log.request_id
         t_start = time.monotonic()
         try:
@@ -203,9 +217,7 @@ class Engine:
                     await entry.done.wait()
                     if entry.response is not None:
                         log.fields["replay"] = True
-                        r = entry.response
-                        return Reply(r.status_code, r.body, r.headers.get("Content-Type", "application/json"),
-                                     {k: v for k, v in r.headers.items() if k != "Content-Type"})
+                        return _replayed(entry.response)
                     continue  # the first attempt never ran: try ourselves
             missing = self.blobs.missing(referenced)
             if missing:
@@ -219,22 +231,80 @@ class Engine:
             self.blobs.pin(referenced)
             if key is not None:
                 self.journal.begin(key, parsed.program_hash)
-            break
+            return _Admitted(parsed.program, referenced, key, t_start)
+
+    async def _run_admitted(self, adm: "_Admitted", log: RequestLog, keep_busy: bool = False) -> Reply:
+        """Run an admitted program and record its answer under its key (if any).
+
+        `keep_busy` stores a 503 too (a job's poller must learn it was refused); a plain
+        request forgets the key instead, so its retry simply runs.
+        """
+        key = adm.key
         try:
-            reply = await self._admit_and_run(parsed.program, referenced, log, t_start)
+            reply = await self._admit_and_run(adm.program, adm.referenced, log, adm.t_start)
         except BaseException:
             if key is not None:
                 self.journal.abandon(key)
             raise
         finally:
-            self.blobs.unpin(referenced)
+            self.blobs.unpin(adm.referenced)
         if key is not None:
-            if reply.status_code == 503:
+            if reply.status_code == 503 and not keep_busy:
                 self.journal.abandon(key)
             else:
                 headers = {"Content-Type": reply.content_type, **reply.headers}
                 await self.journal.finish(key, StoredResponse(reply.status_code, headers, reply.body))
         return reply
+
+    # ------------------------------------------------------------------ jobs
+    async def submit_job(self, body: bytes, content_type: str | None, log: RequestLog) -> Reply:
+        """POST /jobs: admit like /execute, answer 202 with a job id at once, run in the background."""
+        rid = log.request_id
+        if self.draining:
+            return error_reply(503, "busy", "server is draining", rid, retry_after=5)
+        job_id = uuid.uuid4().hex
+        self._enter()
+        try:
+            admitted = await self._prepare(body, content_type, f"job:{job_id}", log)
+        except BaseException:
+            self._leave()
+            raise
+        if isinstance(admitted, Reply):
+            self._leave()
+            return admitted
+        task = asyncio.get_running_loop().create_task(self._run_job(admitted, job_id, log.client))
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+        log.fields.update(status="SUBMITTED", job_id=job_id)
+        return Reply(202, dumps({"status": "RUNNING", "job_id": job_id, "request_id": rid}),
+                     headers={"Location": f"/jobs/{job_id}"})
+
+    async def _run_job(self, admitted: "_Admitted", job_id: str, client: str) -> None:
+        log = RequestLog(uuid.uuid4().hex, client, {"job_id": job_id})
+        t0 = time.monotonic()
+        try:
+            reply = await self._run_admitted(admitted, log, keep_busy=True)
+            code = reply.status_code
+        except Exception as exc:  # noqa: BLE001 - record the failure for the poller
+            code = 500
+            self.journal.begin(f"job:{job_id}", "")  # the failed run dropped the key
+            await self.journal.finish(f"job:{job_id}", StoredResponse(500, {"Content-Type": "application/json"},
+                                      error_reply(500, "engine", f"{type(exc).__name__}: {exc}", log.request_id).body))
+        finally:
+            self._leave()
+        fields = dict(log.fields)
+        fields["status"] = fields.get("status") or ("ERROR" if code != 200 else "OK")
+        log_request(request_id=log.request_id, client=client, path="/jobs", http=code,
+                    total_ms=round((time.monotonic() - t0) * 1e3, 3), **fields)
+
+    def job_reply(self, job_id: str) -> Reply:
+        """GET /jobs/{id}: 202 while it runs, then the stored answer (as /execute gives it)."""
+        entry = self.journal.get(f"job:{job_id}")
+        if entry is None:
+            return error_reply(404, "not_found", f"no job {job_id!r} (unknown or expired)", "-")
+        if entry.response is None:
+            return Reply(202, dumps({"status": "RUNNING", "job_id": job_id}))
+        return _replayed(entry.response)
 
     async def _store_blobs(self, parsed: ParsedRequest) -> None:
         for digest, data in parsed.blobs.items():
@@ -333,6 +403,21 @@ class Engine:
         return Reply(200, b"".join(chunks), ctype, headers)
 
 
+@dataclass
+class _Admitted:
+    """A parsed program whose blobs are present and pinned, ready for a worker."""
+
+    program: ProgramSpec
+    referenced: list[str]
+    key: str | None
+    t_start: float
+
+
+def _replayed(r: StoredResponse) -> Reply:
+    return Reply(r.status_code, r.body, r.headers.get("Content-Type", "application/json"),
+                 {k: v for k, v in r.headers.items() if k != "Content-Type"})
+
+
 def _instruction_info(program: ProgramSpec, index: int | None) -> tuple[str | None, str | None]:
     if index is None or not 0 <= index < len(program.instructions):
         return None, None
@@ -361,7 +446,3 @@ def _read_capped(path: str, limit: int) -> tuple[str, bool]:
     except FileNotFoundError:
         return "", False
     return data.decode("utf-8", "replace"), size > limit
-
-
-def format_exception() -> str:
-    return traceback.format_exc()[-4000:]

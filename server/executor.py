@@ -293,8 +293,13 @@ class Executor:
         for name in set(sys.modules) - before:
             mod = sys.modules.get(name)
             file = getattr(mod, "__file__", None) or ""
-            if name.startswith("kcoral_program_") or file.startswith(prefix) or file.startswith("<upload"):
+            paths = [p for p in (getattr(mod, "__path__", None) or []) if isinstance(p, str)]
+            if (name.startswith("kcoral_program_") or file.startswith(prefix)
+                    or any(p.startswith(prefix) for p in paths)):
                 sys.modules.pop(name, None)
+        # Finders cached for the (now deleted) workspace would pile up request after request.
+        for key in [k for k in sys.path_importer_cache if isinstance(k, str) and (k == work or k.startswith(prefix))]:
+            sys.path_importer_cache.pop(key, None)
 
     def _free_device_memory(self) -> None:
         if self.backend == "gpu":

@@ -114,6 +114,9 @@ class CandidateModel(Base):
     __table_args__ = (
         UniqueConstraint("workload_id", "digest"),
         CheckConstraint(_in("origin", ORIGINS), name="origin"),
+        # The leaderboard walks these from the top: O(limit), however many evaluations.
+        Index("ix_candidates_workload_best", "workload_id", "best_speedup"),
+        Index("ix_candidates_best", "best_speedup"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -130,6 +133,9 @@ class CandidateModel(Base):
     notes: Mapped[str | None] = mapped_column(Text)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Best passed "bench" speedup, kept by Population.finish_stage in the same
+    # transaction (derived from evaluations; `Population.recompute_best_speedups` rebuilds it).
+    best_speedup: Mapped[float | None] = mapped_column(Float)
 
     parent_links: Mapped[list[CandidateParentModel]] = relationship(
         foreign_keys=[CandidateParentModel.child_id],

@@ -96,6 +96,7 @@ class Candidate(_Snapshot):
     notes: str | None
     run_id: int | None
     created_at: datetime
+    best_speedup: float | None = None  # best passed bench speedup so far
 
     @property
     def label(self) -> str:
@@ -184,7 +185,7 @@ class LeaderboardRow(_Snapshot):
     family: str | None
     author: str | None
     generation: int
-    evaluation_id: int
+    evaluation_id: int | None  # the bench evaluation that holds `speedup`
     ms: float | None
     baseline_ms: float | None
     speedup: float

@@ -32,6 +32,7 @@ def candidate_snapshot(row: CandidateModel) -> Candidate:
         notes=row.notes,
         run_id=row.run_id,
         created_at=row.created_at,
+        best_speedup=row.best_speedup,
     )
 
 

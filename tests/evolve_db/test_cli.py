@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, text
 
 from evolve.cli import main
 from evolve.db import open_database
+from evolve.db.migrate import head_revision
 from evolve.population import Population
 
 from .conftest import populate
@@ -132,7 +133,7 @@ def test_db_commands_and_version_refusal(tmp_path: Path, cli) -> None:  # type: 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     assert cli("db", "current", "--db", url).returncode == 1
     up = evolve(tmp_path, "db", "upgrade", "--db", url)
-    assert up.returncode == 0 and "-> 0001" in up.stdout
+    assert up.returncode == 0 and f"-> {head_revision()}" in up.stdout
     assert cli("db", "current", "--db", url).returncode == 0
     engine = create_engine(url)
     with engine.begin() as conn:
@@ -140,3 +141,6 @@ def test_db_commands_and_version_refusal(tmp_path: Path, cli) -> None:  # type: 
     engine.dispose()
     refused = evolve(tmp_path, "leaderboard", env_db=url)
     assert refused.returncode == 2 and "evolve db upgrade" in refused.stderr
+    newer = cli("db", "upgrade", "--db", url)  # a revision from a newer evolve: not touched
+    assert newer.returncode == 2 and "newer evolve" in newer.stderr
+    assert cli("db", "current", "--db", url).returncode == 1

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import json
 
+from sqlalchemy import update
+
+from evolve.db.models import CandidateModel
 from evolve.leaderboard import format_table, to_json
 from evolve.population import Population, StageResult
 
@@ -61,3 +64,17 @@ def test_text_and_json_output(pop: Population, workload: int) -> None:
     assert "✓ best" in lines[2] and "3.000x" in lines[2] and "6,144" in lines[2]
     doc = json.loads(to_json(rows))
     assert doc[0]["confirmed"] is True and doc[0]["speedup"] == 3.0
+
+
+def test_best_speedup_column_follows_finish_stage_and_can_be_rebuilt(pop: Population, workload: int) -> None:
+    ids = populate(pop, workload)
+    assert pop.candidate(ids["fast"]).best_speedup == 3.0  # type: ignore[union-attr]
+    assert pop.candidate(ids["broken"]).best_speedup is None  # type: ignore[union-attr]
+    # confirm passes carry a speedup too, but only bench ranks
+    assert pop.candidate(ids["seed"]).best_speedup == 1.0  # type: ignore[union-attr]
+    before = pop.leaderboard(workload)
+    with pop.db.write() as s:
+        s.execute(update(CandidateModel).values(best_speedup=None))
+    assert pop.leaderboard(workload) == []
+    pop.recompute_best_speedups()
+    assert pop.leaderboard(workload) == before

@@ -8,9 +8,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from evolve.db import SchemaVersionError, open_database
+from evolve.db import Database, SchemaVersionError, open_database
+from evolve.db.engine import create_evolve_engine
 from evolve.db.migrate import alembic_config, current_revision, head_revision, upgrade
 from evolve.db.models import Base
+from evolve.population import Population
 
 TABLES = {
     "workloads",
@@ -63,6 +65,40 @@ def test_downgrade_to_base_then_upgrade_restores_the_schema(db_url: str) -> None
         assert set(inspect(conn).get_table_names()) == TABLES
     db.close()
     open_database(db_url).close()
+
+
+def test_older_schema_is_refused_then_upgraded_with_its_data(db_url: str) -> None:
+    db = Database.from_engine(create_evolve_engine(db_url))
+    upgrade(db, "0001")
+    with db.write_connection() as conn:
+        conn.execute(text("INSERT INTO workloads (id, name, path, created_at) VALUES (1, 'w', 'p', '2026-01-01 00:00:00')"))
+        for cid, digest in ((1, "a"), (2, "b")):
+            conn.execute(
+                text(
+                    "INSERT INTO candidates (id, workload_id, origin, params, digest, directory, generation, created_at)"
+                    " VALUES (:id, 1, 'seed', '{}', :d, :d, 0, '2026-01-01 00:00:00')"
+                ),
+                {"id": cid, "d": digest},
+            )
+        for cid, attempt, status, speedup in ((1, 1, "passed", 1.5), (1, 2, "failed", 9.0), (2, 1, "passed", 2.5)):
+            conn.execute(
+                text(
+                    "INSERT INTO evaluations (candidate_id, stage, attempt, status, message, metrics, started_at, speedup,"
+                    " failure_kind) VALUES (:c, 'bench', :a, :s, '', '{}', '2026-01-01 00:00:00', :x,"
+                    " CASE WHEN :s = 'failed' THEN 'timeout' END)"
+                ),
+                {"c": cid, "a": attempt, "s": status, "x": speedup},
+            )
+    db.close()
+    with pytest.raises(SchemaVersionError) as err:
+        open_database(db_url)
+    assert "'0001'" in str(err.value) and "evolve db upgrade --db" in str(err.value)
+    db = Database.from_engine(create_evolve_engine(db_url))
+    assert upgrade(db) == ("0001", head_revision())
+    db.close()
+    pop = Population.open(db_url)
+    assert [(r.candidate_id, r.speedup) for r in pop.leaderboard()] == [(2, 2.5), (1, 1.5)]
+    pop.close()
 
 
 def test_foreign_tables_without_revision_are_refused(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from datetime import timedelta
 
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import update
+from sqlalchemy import text, update
+from sqlalchemy.exc import IntegrityError
 
 from evolve.db.models import RunModel, utcnow
 from evolve.population import NewCandidate, Population, StageResult
@@ -195,3 +196,22 @@ def test_workload_lookup(pop: Population, workload: int) -> None:
     assert pop.workload(workload).path == "candidates/kda/forward_cpu_small"  # type: ignore[union-attr]
     with pytest.raises(KeyError):
         pop.workload_id("nope")
+
+
+def test_claim_index_rejects_a_second_live_row(pop: Population, workload: int) -> None:
+    """The database itself refuses two running/passed rows of one (candidate, stage), so
+    begin_stage stays race-free even where writers are not serialised."""
+    cid = make_candidate(pop, workload, "x")
+    assert pop.begin_stage(cid, "bench") is not None
+    assert pop.begin_stage(cid, "confirm") is not None
+    insert = text(
+        "INSERT INTO evaluations (candidate_id, stage, attempt, status, message, metrics, started_at) "
+        "VALUES (:c, :s, :a, 'running', '', '{}', '2026-01-01 00:00:00')"
+    )
+    with pytest.raises(IntegrityError, match="UNIQUE"):
+        with pop.db.write() as s:
+            s.execute(insert, {"c": cid, "s": "bench", "a": 7})
+    with pop.db.write() as s:  # repeatable stage: a second live attempt is fine
+        s.execute(insert, {"c": cid, "s": "confirm", "a": 7})
+    assert len(pop.evaluations(cid, stage="bench")) == 1
+    assert len(pop.evaluations(cid, stage="confirm")) == 2

@@ -10,7 +10,7 @@ REMOTE_STAGES = ("gputest", "bench", "confirm")
 
 
 def test_sigkill_mid_stage_then_resume(tmp_path, cpu_server):
-    cfg = write_config(tmp_path, max_evals=4, confirm_runs=1,
+    cfg = write_config(tmp_path, max_evals=3, confirm_runs=1,
                        fixed='{ algorithm = "chunked" }', subspace='{ chunk = [8, 16, 32] }')
     db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
     proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", cpu_server.url, "--db", db_url),

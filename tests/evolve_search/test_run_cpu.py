@@ -8,15 +8,18 @@ from tests.evolve_search.helpers import run_cli, write_config
 
 
 def test_run_finds_a_candidate_better_than_its_seed(tmp_path):
-    # Chunked points only, so every proposal takes seconds, not minutes; the seed
-    # (pairwise einsum with a row-loop solve in float64, 8-token chunks) is slow.
-    cfg = write_config(tmp_path, max_evals=4, confirm_runs=1,
-                       fixed='{ algorithm = "chunked" }', subspace='{ chunk = [8, 16, 32] }')
+    # A small float64 subspace around the seed (pairwise einsum with a row-loop solve,
+    # 8-token chunks), where most points are well faster; proposals are seeded, so the
+    # test is deterministic up to timing noise.
+    # gputest is off here (the resume test covers it) to keep the suite short.
+    cfg = write_config(tmp_path, max_evals=3, confirm_runs=1, gputest=False,
+                       fixed='{ algorithm = "chunked", solve = "substitution", dtype = "float64" }',
+                       subspace='{ chunk = [8, 16] }')
     db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
     proc = run_cli("run", str(cfg), "--db", db_url, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "embedded server at http://127.0.0.1:" in proc.stderr
-    assert "evaluated 4" in proc.stderr                   # progress lines (stderr is not a TTY)
+    assert "evaluated 3" in proc.stderr                   # progress lines (stderr is not a TTY)
     assert "rank" in proc.stdout and "numpy_chunked" in proc.stdout   # the leaderboard
 
     pop = Population(open_database(db_url))
@@ -26,10 +29,14 @@ def test_run_finds_a_candidate_better_than_its_seed(tmp_path):
     assert seed.params["chunk"] == 8 and seed.params["contract"] == "einsum"
     seed_bench = [e for e in pop.evaluations(seed.id, "bench") if e.status == "passed"]
     assert seed_bench, "the seed must pass the official benchmark"
+    # found: a candidate whose bench (speedup over the same baseline) clearly beats the seed's
+    speedups = {c.id: e.speedup for c in cands for e in pop.evaluations(c.id, "bench") if e.status == "passed"}
+    better = [cid for cid, s in speedups.items() if cid != seed.id and s > 1.3 * speedups[seed.id]]
+    assert better, speedups
     best = pop.best(wid)
-    assert best is not None and best.candidate_id != seed.id
-    best_bench = [e for e in pop.evaluations(best.candidate_id, "bench") if e.status == "passed"][-1]
-    assert best_bench.ms < seed_bench[-1].ms
+    assert best is not None                           # something was confirmed and promoted
+    if best.candidate_id != seed.id:
+        assert speedups[best.candidate_id] > speedups[seed.id]
     # every generated candidate is in the population with lineage, rendered outside the repo
     # (stored relative to the working directory, like `evolve register` does)
     assert all(c.directory.startswith("gen/") and (tmp_path / c.directory / "solution.py").is_file()

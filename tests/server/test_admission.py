@@ -4,7 +4,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 
 from kcoral import Client
 from tests.serverproc import ServerProcess

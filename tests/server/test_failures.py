@@ -43,9 +43,10 @@ def test_sleeping_program_times_out_and_its_children_die(one_worker, tmp_path) -
     before = {w["worker_id"]: w["pid"] for w in one_worker.health()["workers"]}
     t0 = time.monotonic()
     with pytest.raises(RemoteError) as info:
-        client.execute(function_program(src, args=[str(pidfile)]), timeout_seconds=1.5)
+        client.execute(function_program(src, args=[str(pidfile)]), timeout_seconds=4)
     assert info.value.kind == "timeout" and info.value.status_code == 504
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 20
+    assert pidfile.exists(), "the program did not start its child before the timeout (machine overloaded?)"
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 5
     while _pid_alive(child) and time.monotonic() < deadline:

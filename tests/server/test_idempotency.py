@@ -96,15 +96,20 @@ def test_same_key_for_a_different_program_is_refused(server, tmp_path) -> None:
     assert r.status_code == 400 and "different program" in r.json()["error"]["message"]
 
 
-def test_outcome_survives_a_server_restart(state_dir, tmp_path) -> None:
+def test_outcome_survives_a_server_restart(server, state_dir, tmp_path) -> None:
     counter = tmp_path / "count"
-    with ServerProcess(["--cpu-workers", "1", "--state-dir", str(state_dir)]) as first:
-        with Client(first.url) as c:
-            a = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="restart-1")
+    seeds = Program()
+    seeds.return_(key="s", value=seeds.run(fn="builtin.holdout_seeds", args=["restart", 3]))
+    with Client(server.url) as c:
+        a = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="restart-1")
+        seeds_first = c.execute(seeds, timeout_seconds=30).raise_for_failure().results["s"]
+    # A new server process on the same state dir (as after a restart) replays the outcome.
     with ServerProcess(["--cpu-workers", "1", "--state-dir", str(state_dir)]) as second:
-        assert second.instance_id != first.instance_id
+        assert second.instance_id != server.instance_id
         with Client(second.url) as c:
             b = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="restart-1")
+            seeds_second = c.execute(seeds, timeout_seconds=30).raise_for_failure().results["s"]
+    assert seeds_first == seeds_second and len(set(seeds_first)) == 3  # the salt persisted too
     assert a.results["out"] == b.results["out"] == 1 and a.request_id == b.request_id
     assert counter.read_text() == "1"
     # The same state dir also kept the generated holdout salt (private file).

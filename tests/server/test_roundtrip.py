@@ -192,3 +192,16 @@ def test_health_and_target(client: Client, cpu_server) -> None:
     assert client.target() == {}
     assert h["instance_id"] == cpu_server.instance_id
     assert json.loads(json.dumps(h)) == h
+
+
+def test_unreachable_server_is_a_transport_error() -> None:
+    import socket
+
+    from kcoral import TransportError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Client(f"http://127.0.0.1:{port}", retries=2) as c, pytest.raises(TransportError) as info:
+        c.execute(function_program("def main():\n    return 1\n"), timeout_seconds=5)
+    assert info.value.kind == "transport"

@@ -107,3 +107,32 @@ def test_stale_scratch_folders_of_dead_servers_are_swept(tmp_path) -> None:
     foreign.mkdir()  # no owner file: never touched
     assert sweep_stale(str(tmp_path), "kcoral-x-") == 1
     assert not stale.exists() and (tmp_path / mine).exists() and foreign.exists()
+
+
+def test_client_request_body_parses_with_an_independent_multipart_parser() -> None:
+    """What the client sends must be plain multipart/form-data that any server can read."""
+    from python_multipart.multipart import MultipartParser, parse_options_header
+
+    from kcoral.wire import encode_multipart
+
+    ctype, chunks = encode_multipart([("program", "application/json", b'{"instructions":[]}'),
+                                      ("blob:" + "0" * 64, "application/octet-stream", b"\r\n--\x00")],
+                                     part_lengths=False)
+    _, params = parse_options_header(ctype)
+    parts: list[list] = []
+
+    def on_part_begin() -> None:
+        parts.append([b"", b""])
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        parts[-1][0] += data[start:end] + b";"
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        parts[-1][1] += data[start:end]
+
+    parser = MultipartParser(params[b"boundary"], callbacks={
+        "on_part_begin": on_part_begin, "on_header_value": on_header_value, "on_part_data": on_part_data})
+    parser.write(b"".join(bytes(c) for c in chunks))
+    parser.finalize()
+    assert [p[1] for p in parts] == [b'{"instructions":[]}', b"\r\n--\x00"]
+    assert b'name="program"' in parts[0][0] and b"application/octet-stream" in parts[1][0]

@@ -10,7 +10,7 @@ from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_p
 # registers by its launch bounds (two CTAs of 256 threads per SM).
 POINTS = [
     ({}, 255),
-    ({"v_block": 128, "state_warps": 8}, 255),
+    ({"v_block": 64, "state_warps": 4}, 255),
     ({"v_block": 32, "state_warps": 8}, 200),
     ({"v_block": 64, "stages": 2}, 255),
 ]

@@ -1,6 +1,7 @@
 """GPU checks of the workload, usable as a script (prints a table) and from test_gpu.py.
 
-    python tests/workload/gpu_checks.py     # on a machine with CuPy and a GPU
+    python tests/workload/gpu_checks.py                 # on a machine with CuPy and a GPU
+    python tests/workload/gpu_checks.py --direct-bench  # the bench of scratch/reference, no server
 
 1. The CuPy fp32 chunked reference against the CuPy float64 recurrence, per regime, at the
    scored H, K, V and a ragged length; and against the NumPy reference on the same inputs.
@@ -93,7 +94,35 @@ def fla_vs_reference(T: int = 1024) -> dict | None:
     return res
 
 
+def direct_bench(timeout_s: float = 140, workload: str = "forward_b1_t8192_h96") -> int:
+    """The official bench of scratch/reference without a server: the same runner and judge,
+    seeds drawn here (for a GPU host where the server cannot start)."""
+    import os
+    import secrets
+    import tempfile
+
+    from judge import runner
+    from kcoral.bench import BenchReport, format_lines
+    from kcoral.bench.staging import bench_archive, load_workload
+
+    wl = load_workload(KDA / workload)
+    archive = bench_archive(wl, wl.root / "scratch" / "reference")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        out = runner.bench(archive, [secrets.randbits(64) for _ in range(wl.holdout_count)],
+                           {"timeout_s": timeout_s, "holdout_source": "client", "candidate_name": "scratch/reference"})
+    if out["report"] is None:
+        print(out["runner_error"], out["log"][-3000:])
+        return 1
+    rep = BenchReport.from_judge(out["report"], log=out["log"])
+    print("\n".join(format_lines(rep)))
+    print(rep.log[-2500:])
+    return 0 if rep.passed else 1
+
+
 def main() -> int:
+    if "--direct-bench" in sys.argv:
+        return direct_bench()
     be = make_backend("cuda")
     print(f"device: {be.name}")
     print("| regime | output vs f64 | state vs f64 | GPU vs NumPy output |")

@@ -12,7 +12,7 @@ from kcoral.bench import BenchReport, format_lines, run_bench
 from kcoral.cli import main as kcoral_main
 from kcoral.wire import ErrorInfo, Outcome
 
-from .conftest import CPU_WORKLOAD, SALT, stage_broken
+from .conftest import CPU_WORKLOAD, GPU_WORKLOAD, SALT, stage_broken
 
 pytestmark = pytest.mark.slow
 
@@ -171,3 +171,15 @@ def test_cli_lines_and_exit_codes(server, tmp_path, capsys):
     code = kcoral_main(["bench", str(CPU_WORKLOAD), "scratch/no_such", "--remote", server.url])
     assert code == 2
     assert "no candidate" in capsys.readouterr().err
+
+
+def test_gpu_workload_on_a_cpu_server_is_unavailable(server, capsys):
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is importable here: the GPU workload may well run")
+    except ImportError:
+        pass
+    code = kcoral_main(["bench", str(GPU_WORKLOAD), "scratch/reference", "--remote", server.url])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 125
+    assert out[-1].startswith("result: FAIL unavailable: CUDA workload but CuPy is not importable")

@@ -49,10 +49,10 @@ class FlaBaseline:
         self.name = f"fla chunk_kda (fla-core {ver}, Triton)"
 
     def _t(self, arr):
-        # Through a uint16 view: DLPack export of bf16 is not needed that way.
+        # bf16 through an int16 view (same bits, a dtype every torch takes over DLPack).
         torch, xp = self.torch, self.be.xp
-        if arr.dtype.itemsize == 2 and arr.dtype.kind != "u":
-            return torch.from_dlpack(arr.view(xp.uint16)).view(torch.bfloat16)
+        if arr.dtype.itemsize == 2 and arr.dtype.kind not in "iu":
+            return torch.from_dlpack(arr.view(xp.int16)).view(torch.bfloat16)
         return torch.from_dlpack(arr)
 
     def setup(self, data: dict, B: int, T: int, H: int, write_outputs: bool = False):

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import io
+
+from evolve.loop import Progress, server_concurrency
+from evolve.pipeline import RunStats
+from evolve.pipeline.errors import TransportTrouble, failure_kind, is_transport_error
+from evolve.promotion import decide
+from evolve.population import StageResult
+from kcoral import RemoteError, TransportError
+
+
+def test_concurrency_follows_the_servers_workers():
+    gpu = {"gpu_count": 2, "workers": [{"worker_id": f"gpu{i}/w{j}", "gpu_id": i} for i in (0, 1) for j in (0, 1)]}
+    assert server_concurrency(gpu) == 4
+    assert server_concurrency({"gpu_count": 0, "workers": [{"worker_id": "cpu/w0", "gpu_id": None}] * 3}) == 3
+    assert server_concurrency({"gpu_count": 1}) == 1
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_redraws_on_a_tty_and_prints_lines_otherwise():
+    stats = RunStats()
+    stats.evaluated, stats.in_flight, stats.best_ms, stats.best_speedup = 5, 2, 1.25, 2.0
+    stats.failures["correctness"] += 2
+    stats.lease_held_ms = 0.0
+    tty, plain = _Tty(), io.StringIO()
+    for stream in (tty, plain):
+        p = Progress(stream, gpu_slots=1, interval_s=0.0, has_gpu=True)
+        p.update(stats, force=True)
+        p.update(stats, force=True)
+        p.close(stats)
+    assert tty.getvalue().count("\r") == 3 and tty.getvalue().endswith("\n")
+    assert plain.getvalue().count("\n") == 3 and "\r" not in plain.getvalue()
+    line = plain.getvalue().splitlines()[0]
+    assert "evaluated 5" in line and "in flight 2" in line and "correctness=2" in line
+    assert "1.2500 ms 2.000x" in line and "gpu busy 0%" in line
+
+
+def test_transport_trouble_is_told_apart():
+    assert is_transport_error(TransportError("connection refused"))
+    assert is_transport_error(RemoteError("busy", "queue full", status_code=503))
+    assert is_transport_error(TransportTrouble("transport: reset"))
+    assert not is_transport_error(RemoteError("runtime", "boom"))
+    assert failure_kind(RemoteError("timeout", "slow", status_code=504)) == "timeout"
+    assert failure_kind(RemoteError("gpu_access", "poisoned")) == "resources"
+    assert failure_kind(ValueError("x")) == "runtime"
+
+
+def _run(speedup, spread=0.1, ok=True):
+    return StageResult(status="passed", speedup=speedup, spread=spread) if ok else \
+        StageResult(status="failed", failure_kind="flaky", message="flaky")
+
+
+def test_promotion_rule():
+    assert decide([_run(1.5), _run(1.4)], has_best=True, margin=0.05)[0]
+    assert not decide([_run(1.5), _run(0.99)], has_best=True, margin=0.05)[0]        # lost one run
+    assert not decide([_run(1.12, 0.1), _run(1.12, 0.1)], has_best=True, margin=0.05)[0]  # within noise
+    assert not decide([_run(2.0), _run(2.0, ok=False)], has_best=True, margin=0.0)[0]
+    assert decide([_run(0.5), _run(0.6)], has_best=False, margin=0.05)[0]             # first correct
