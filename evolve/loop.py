@@ -143,6 +143,9 @@ class SearchLoop:
                 retried.append(ev.id)
         if prev.state == "running":
             self.pop.finish_run(prev.id, "interrupted")
+        best = self.pop.best(prev.workload_id)
+        best_speedup = dict((c.id, s) for c, s in self.pop.correct(prev.workload_id)).get(best.candidate_id) \
+            if best else None
         for cand in self.pop.candidates(prev.workload_id):
             if cand.id in jobs:
                 continue
@@ -151,7 +154,13 @@ class SearchLoop:
                 continue
             passed = {e.stage for e in evs if e.status == "passed"}
             if not set(stages) <= passed:
-                jobs[cand.id] = Job(candidate_id=cand.id)
+                jobs[cand.id] = Job(candidate_id=cand.id)        # cut between stages
+            elif "bench" in stages and not any(e.stage == CONFIRM_STAGE for e in evs):
+                # Benched, then died before promotion was considered: only worth a job if it
+                # beats the best (the pipeline itself is all skips).
+                bench = [e.speedup for e in evs if e.stage == "bench" and e.status == "passed"]
+                if bench and bench[-1] is not None and (best_speedup is None or bench[-1] > best_speedup):
+                    jobs[cand.id] = Job(candidate_id=cand.id)
         return list(jobs.values()), retried
 
     # ---- the search state --------------------------------------------------------------
@@ -243,6 +252,7 @@ class SearchLoop:
                 cand = self._register(families, proposal, workload_id, run_id)
                 if cand is None:
                     stats.failures["render"] += 1
+                    duplicates += 1  # a broken template must not spin this loop
                     continue
                 tried.add(point_key(cand.family or "", cand.params))
                 if cand.id not in submitted and not self.pop.evaluations(cand.id):

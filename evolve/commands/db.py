@@ -4,13 +4,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from evolve.db import DB_HELP, Database, SchemaVersionError, default_url
-from evolve.db.engine import create_evolve_engine
+from evolve.db import DB_HELP, Database, SchemaVersionError, open_database
 from evolve.db.migrate import current_revision, head_revision, upgrade
 
 
 def _database(args: argparse.Namespace) -> Database:
-    return Database.from_engine(create_evolve_engine(args.db or default_url()))
+    return open_database(args.db, check_schema=False)
 
 
 def _upgrade(args: argparse.Namespace) -> int:

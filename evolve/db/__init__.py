@@ -15,11 +15,12 @@ def default_url() -> str:
     return os.environ.get("EVOLVE_DB") or DEFAULT_URL
 
 
-def open_database(url: str | None = None, *, migrate_empty: bool = True) -> Database:
+def open_database(url: str | None = None, *, check_schema: bool = True) -> Database:
     """Open `url` (any SQLAlchemy URL); an empty database is migrated to the current
-    schema, a database at another schema version raises SchemaVersionError."""
+    schema, a database at another schema version raises SchemaVersionError.
+    `check_schema=False` skips both (for tools that inspect or migrate it themselves)."""
     db = Database.from_engine(create_evolve_engine(url or default_url()))
-    if migrate_empty:
+    if check_schema:
         try:
             ensure_schema(db)
         except BaseException:
