@@ -9,6 +9,7 @@ the GPU stages themselves pass through the context's gate.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import sys
 import threading
@@ -298,9 +299,19 @@ class SearchLoop:
                 progress.update(stats)
         except KeyboardInterrupt:
             self.cancel.set()
-            executor.shutdown(wait=True, cancel_futures=True)
+            # Marked first: if the user abandons the stages in flight, --resume retries them.
             self.pop.finish_run(run_id, "interrupted")
             progress.close(stats)
+            if futures:
+                self.stream.write(f"evolve: interrupted; finishing {len(futures)} stage(s) in flight "
+                                  "(interrupt again to abandon them; --resume retries them)\n")
+                self.stream.flush()
+            try:
+                executor.shutdown(wait=True, cancel_futures=True)
+            except KeyboardInterrupt:
+                self.stream.write("evolve: abandoned the stages in flight\n")
+                self.stream.flush()
+                os._exit(130)  # worker threads blocked in HTTP calls would hold a normal exit
             raise
         except BaseException:
             self.cancel.set()

@@ -77,7 +77,7 @@ class Promoter:
 
     def consider(self, cand: Candidate, bench: StageResult, retry_of: int | None = None) -> Decision | None:
         """Confirm `cand` if its bench beats the confirmed best; None when it does not."""
-        if bench.status != "passed" or bench.speedup is None:
+        if bench.status != "passed" or bench.speedup is None or self.ctx.cancel.is_set():
             return None
         with self._lock:
             pop = self.ctx.pop

@@ -7,7 +7,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from kcoral import Client
+from kcoral import Client, RemoteError
 
 from evolve.config import ConfigError, PromotionConfig, RemoteConfig, RunConfig, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
@@ -81,6 +81,9 @@ def main(args: argparse.Namespace) -> int:
                 if outcome.passed and outcome.bench is not None else None
     except EmbeddedServerError as exc:
         print(f"evolve evaluate: error: {exc}", file=sys.stderr)
+        return 1
+    except RemoteError as exc:
+        print(f"evolve evaluate: error: the server failed: {exc}", file=sys.stderr)
         return 1
     for ev in pop.evaluations(cand.id):
         extra = f" {ev.speedup:.3f}x ({ev.ms:.4f} ms)" if ev.speedup is not None and ev.ms is not None else ""

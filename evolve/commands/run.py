@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from contextlib import nullcontext
 
-from kcoral import Client
+from kcoral import Client, RemoteError
 
 from evolve.config import ConfigError, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
@@ -33,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="evolve: %(levelname)s %(name)s: %(message)s")
     if args.max_evals is not None and args.max_evals < 1:
@@ -53,6 +58,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"evolve run: error: {exc}", file=sys.stderr)
         return 2
     pop = Population(db)
+    # A scheduler's SIGTERM stops the run like Ctrl-C: the run is marked interrupted.
+    signal.signal(signal.SIGTERM, _interrupt)
     url = args.remote or os.environ.get("KCORAL_REMOTE") or config.remote.url
     server = nullcontext(url) if url else EmbeddedServer(cpu_workers=config.remote.embedded_cpu_workers)
     try:
@@ -63,6 +70,9 @@ def main(args: argparse.Namespace) -> int:
                 summary = SearchLoop(config, client, pop, resume=args.resume).run()
     except EmbeddedServerError as exc:
         print(f"evolve run: error: {exc}", file=sys.stderr)
+        return 1
+    except RemoteError as exc:
+        print(f"evolve run: error: the server at {url or 'the embedded server'} failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nevolve run: interrupted; continue with --resume", file=sys.stderr)

@@ -68,6 +68,13 @@ def _cuda_sources(ctx: StageContext, cand: Candidate, directory: Path) -> tuple[
     return sorted(directory.glob("*.cu")), []
 
 
+def _workload_device(ctx: StageContext) -> str:
+    try:
+        return str(json.loads((ctx.workload_dir / "workload.json").read_text()).get("device", "cuda"))
+    except (OSError, ValueError):
+        return "cuda"
+
+
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
     cfg = ctx.stages["check"]
     directory = ctx.candidate_dir(cand)
@@ -93,7 +100,9 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     missing = [s.name for s in sources if not s.is_file()]
     if missing:
         return _failed("check", f"CUDA sources missing: {missing}")
-    if sources and nvcc.nvcc_path() is None:
+    if sources and _workload_device(ctx) == "cpu":
+        metrics["nvcc"] = "skipped: the workload runs on the CPU"
+    elif sources and nvcc.nvcc_path() is None:
         metrics["nvcc"] = "skipped: nvcc not found"
     elif sources:
         arch = ctx.target().get("arch") or DEFAULT_ARCH

@@ -62,3 +62,51 @@ def test_nvcc_compiles_a_rendered_family_source(toy_family, tmp_path):
     (out / "kernel.cu").write_text("this is not CUDA\n")
     bad = nvcc.compile_cuda(out / "kernel.cu", "sm_90a", [], timeout=120)
     assert not bad.ok and "error" in bad.log
+
+
+def _ctx(pop, client, workload_dir, families):
+    from evolve.config import RunConfig
+    from evolve.pipeline import GpuGate, StageContext
+    wid = pop.ensure_workload(workload_dir.name, str(workload_dir))
+    return StageContext(client=client, pop=pop, workload_id=wid, workload_dir=workload_dir, run_id=None,
+                        stages=RunConfig.model_fields["stages"].default_factory(), families=families,
+                        gate=GpuGate(client, 1, 4)), wid
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+def test_check_stage_records_resources_and_refuses_bad_candidates(toy_family, tmp_path, pop, client):
+    from evolve.pipeline import run_stage
+    from evolve.population import NewCandidate
+
+    workload = tmp_path / "gpu_workload"
+    workload.mkdir()
+    (workload / "workload.json").write_text('{"device": "cuda"}')
+    fam = load_family(toy_family)
+    ctx, wid = _ctx(pop, client, workload, {"toy": fam})
+
+    def add(directory, family="toy"):
+        cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="template", family=family,
+                                                 digest=directory.name, directory=str(directory)))
+        return cand
+
+    good = add(render_candidate(fam, fam.defaults, tmp_path / "gen"))
+    eid, res = run_stage(ctx, "check", good)
+    assert res.status == "passed", res.message
+    assert res.registers and res.spills == 0
+    assert res.metrics["kernels"]["kernel.cu"]["toy_kernel"]["smem_bytes"] == 64 * 2 * 4
+    assert pop.evaluation(eid).registers == res.registers
+
+    broken = render_candidate(fam, dict(fam.defaults, block=32), tmp_path / "gen")
+    (broken / "kernel.cu").write_text("__global__ void toy_kernel( {\n")
+    _, res = run_stage(ctx, "check", add(broken))
+    assert res.status == "failed" and res.failure_kind == "compile" and "kernel.cu" in res.message
+
+    sneaky = render_candidate(fam, dict(fam.defaults, block=128), tmp_path / "gen")
+    (sneaky / "solution.py").write_text("import subprocess\ndef setup(data, B, T, H):\n    return None\n")
+    _, res = run_stage(ctx, "check", add(sneaky))
+    assert res.status == "failed" and res.failure_kind == "check" and "subprocess" in res.message
+
+    no_setup = render_candidate(fam, dict(fam.defaults, tile=1), tmp_path / "gen")
+    (no_setup / "solution.py").write_text("X = 1\n")
+    _, res = run_stage(ctx, "check", add(no_setup))
+    assert res.status == "failed" and res.failure_kind == "import" and "setup" in res.message

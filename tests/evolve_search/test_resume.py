@@ -68,3 +68,34 @@ def test_sigkill_mid_stage_then_resume(tmp_path, cpu_server):
     assert runs[0].state == "interrupted" and runs[-1].state == "finished"
     assert runs[-1].config["resumed_from"] == runs[0].id
     assert pop.best(wid).candidate_id in confirmed_after and best_before in confirmed_after
+
+
+def test_sigterm_stops_gracefully_and_marks_the_run_interrupted(tmp_path, cpu_server):
+    cfg = write_config(tmp_path, max_evals=3, confirm_runs=1, gputest=False,
+                       fixed='{ algorithm = "chunked", dtype = "float32" }', subspace='{ chunk = [16, 32] }')
+    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
+    proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", cpu_server.url, "--db", db_url),
+                            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pop = population(db_url)
+
+    def in_bench():
+        try:
+            wid = pop.workload_id("forward_cpu_small")
+        except KeyError:
+            return None
+        return [e for e in pop.evaluations_of(wid, status="running") if e.stage == "bench"]
+
+    try:
+        victim = wait_for(in_bench, timeout=60, interval=0.05, what="a bench in flight")[0]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-2000:]
+    assert "--resume" in err
+    wid = pop.workload_id("forward_cpu_small")
+    assert pop.runs(wid)[-1].state == "interrupted"
+    assert pop.evaluation(victim.id).status in ("passed", "failed")   # the stage in flight was finished
+    assert not pop.evaluations_of(wid, status="running")
