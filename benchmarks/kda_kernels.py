@@ -9,6 +9,7 @@ call, implementations alternated call by call, all calls enqueued back to back a
 synchronisation at the end; the median per implementation is reported.
 
     python benchmarks/kda_kernels.py --config two_pass --config two_pass:v_block=128,state_warps=8
+    python benchmarks/kda_kernels.py --config fused --config fused:stages=1 --config two_pass
     python benchmarks/kda_kernels.py --quick           # probes only, no full-shape checks
 
 Writes a JSON document of everything to --out (default: no file) and a table to stdout.
@@ -448,7 +449,7 @@ def main(argv=None) -> int:
         line += f"{t:9.4f} ms" if t else "        - ms"
         if t and base:
             line += f"  x{base / t:5.2f} vs fla"
-        for stage in ("prep", "state"):
+        for stage in ("prep", "state"):   # two_pass times its kernels alone; fused has one kernel
             ts = times.get(f"{row['name']} [{stage}]")
             if ts:
                 line += f"  {stage} {ts:.4f}"

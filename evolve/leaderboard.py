@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import PurePath
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -99,6 +100,11 @@ def _fmt(value: float | int | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _short_dir(directory: str | None) -> str:
+    # Generated candidates live in gen/<digest>/: a short digest names them well enough.
+    return PurePath(directory).name[:12] if directory else "-"
+
+
 def format_table(rows: Sequence[LeaderboardRow]) -> str:
     """A plain-text table: rank, id, name, ms, baseline ms, speedup, confirmed, sectors, origin."""
     header = ["rank", "id", "name", "ms", "baseline ms", "speedup", "confirmed", "excess sectors", "origin"]
@@ -106,7 +112,7 @@ def format_table(rows: Sequence[LeaderboardRow]) -> str:
         [
             str(r.rank),
             str(r.candidate_id),
-            r.name or "-",
+            r.name or _short_dir(r.directory),
             _fmt(r.ms, ".4f"),
             _fmt(r.baseline_ms, ".4f"),
             f"{r.speedup:.3f}x",

@@ -145,8 +145,7 @@ class SearchLoop:
         if prev.state == "running":
             self.pop.finish_run(prev.id, "interrupted")
         best = self.pop.best(prev.workload_id)
-        best_speedup = dict((c.id, s) for c, s in self.pop.correct(prev.workload_id)).get(best.candidate_id) \
-            if best else None
+        best_speedup = self.pop.bench_speedup(best.candidate_id) if best else None
         for cand in self.pop.candidates(prev.workload_id):
             if cand.id in jobs:
                 continue

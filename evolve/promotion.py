@@ -69,12 +69,6 @@ class Promoter:
         self.policy = policy
         self._lock = threading.Lock()
 
-    def _best_speedup(self, candidate_id: int) -> float | None:
-        for cand, speedup in self.ctx.pop.correct(self.ctx.workload_id):
-            if cand.id == candidate_id:
-                return speedup
-        return None
-
     def consider(self, cand: Candidate, bench: StageResult, retry_of: int | None = None) -> Decision | None:
         """Confirm `cand` if its bench beats the confirmed best; None when it does not."""
         if bench.status != "passed" or bench.speedup is None or self.ctx.cancel.is_set():
@@ -86,7 +80,7 @@ class Promoter:
             if best is not None:
                 if best.candidate_id == cand.id:
                     return None
-                best_speedup = self._best_speedup(best.candidate_id)
+                best_speedup = self.ctx.pop.bench_speedup(best.candidate_id)
                 if best_speedup is not None and bench.speedup <= best_speedup:
                     return None
                 best_cand = pop.candidate(best.candidate_id)

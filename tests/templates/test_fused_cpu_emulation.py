@@ -1,0 +1,361 @@
+"""Run the rendered fused kernel source itself on the CPU, thread by thread.
+
+With no GPU at hand, this compiles the real `kda_fused.cu` (and the real load/product
+helpers of kda_tiles.cuh and kda_warpspec.cuh) with g++, replacing only the lowest-level
+primitives (ldmatrix, mma.sync, cp.async, bf16 packing, named barriers, shuffles) by CPU
+versions that follow the PTX semantics. Each CUDA thread runs as a cooperative fiber of
+one OS thread; a warp-collective primitive waits for all 32 lanes, a named barrier for
+its thread count, and a scheduling pass in which no fiber can move is reported as a
+deadlock. Fibers are resumed in a seeded random order, so warps drift against each
+other. Shared memory is filled with NaN before each CTA, outputs are NaN-poisoned.
+
+What it checks: index arithmetic, fragment plumbing, the ring hand-over (no deadlock,
+right slot), masking of partial chunks, and the result against the float64 recurrence
+with the judge's bounds. What it cannot check: timing, memory-ordering races that the
+cooperative schedule hides, register limits (see test_fused_compile.py).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import TEMPLATES
+from .test_chunked_math import _inputs, recurrence
+from .test_fused_schedule import _judge, bf16
+
+GXX = shutil.which("g++")
+pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
+K = 128
+
+PRELUDE = r"""
+// ---- CPU stand-ins for the CUDA built-ins the kernel and its headers use -------------
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <ucontext.h>
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __shared__
+#define __align__(n) alignas(n)
+#define __launch_bounds__(...)
+using std::min;
+using std::max;
+struct dim3_ { unsigned x, y, z; };
+static dim3_ threadIdx, blockIdx, gridDim;
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
+
+// ---- cooperative fibers: one per CUDA thread ------------------------------------------
+struct Fiber { ucontext_t ctx; char* stack; int tid; bool done, progressed; };
+static ucontext_t g_sched;
+static Fiber* g_cur;
+static inline void fiber_block() { swapcontext(&g_cur->ctx, &g_sched); }
+#define WAIT_UNTIL(cond) do { bool waited_ = false; while (!(cond)) { waited_ = true; fiber_block(); } \
+                              if (waited_) g_cur->progressed = true; } while (0)
+
+struct Gen { int count = 0; unsigned gen = 0; };
+struct WarpX { Gen bar; const void* ptr[32]; unsigned a[32][4]; unsigned b[32][2]; float f[32]; };
+static WarpX g_warp[32];
+static Gen g_named[16];
+static int g_named_n[16];
+
+static inline int lane_() { return threadIdx.x & 31; }
+static inline WarpX& warp_() { return g_warp[threadIdx.x >> 5]; }
+static inline void gen_sync(Gen& b, int n) {
+    unsigned g = b.gen;
+    if (++b.count == n) { b.count = 0; b.gen++; g_cur->progressed = true; }
+    else WAIT_UNTIL(b.gen != g);
+}
+static inline void __syncwarp(unsigned = 0xffffffffu) { gen_sync(warp_().bar, 32); }
+static inline float __shfl_xor_sync(unsigned, float v, int m) {
+    WarpX& w = warp_();
+    w.f[lane_()] = v;
+    __syncwarp();
+    float r = w.f[lane_() ^ m];
+    __syncwarp();
+    return r;
+}
+"""
+
+# CPU versions of the primitives removed from the headers (PTX semantics).
+PRIMITIVES = r"""
+typedef unsigned short bf16_t;
+static inline unsigned short f32_to_bf16_rn(float x) {
+    unsigned u = __float_as_uint(x);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    return (unsigned)f32_to_bf16_rn(lo) | ((unsigned)f32_to_bf16_rn(hi) << 16);
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N> __device__ __forceinline__ void cp_async_wait() {}
+// ldmatrix .x4: lanes 8i..8i+7 give the rows of 8x8 matrix i; lane l receives row l/4,
+// columns 2(l%4), 2(l%4)+1 (.trans: the transposed matrix).
+static inline void ldsm_common(unsigned r[4], const bf16_t* p, bool trans) {
+    WarpX& w = warp_();
+    const int l = lane_();
+    w.ptr[l] = p;
+    __syncwarp();
+    for (int i = 0; i < 4; ++i) {
+        bf16_t lo, hi;
+        if (!trans) {
+            const bf16_t* row = (const bf16_t*)w.ptr[8 * i + l / 4];
+            lo = row[2 * (l % 4)]; hi = row[2 * (l % 4) + 1];
+        } else {
+            lo = ((const bf16_t*)w.ptr[8 * i + 2 * (l % 4)])[l / 4];
+            hi = ((const bf16_t*)w.ptr[8 * i + 2 * (l % 4) + 1])[l / 4];
+        }
+        r[i] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    __syncwarp();
+}
+__device__ __forceinline__ void ldsm_x4(unsigned r[4], const bf16_t* p) { ldsm_common(r, p, false); }
+__device__ __forceinline__ void ldsm_x4_trans(unsigned r[4], const bf16_t* p) { ldsm_common(r, p, true); }
+static inline float bf_lo(unsigned v) { return __uint_as_float(v << 16); }
+static inline float bf_hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
+// mma.m16n8k16 row.col bf16 -> fp32, fragment layouts as documented in kda_tiles.cuh.
+__device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    WarpX& w = warp_();
+    const int l = lane_();
+    for (int j = 0; j < 4; ++j) w.a[l][j] = a[j];
+    w.b[l][0] = b0; w.b[l][1] = b1;
+    __syncwarp();
+    const int g = l / 4, q = l % 4;
+    float A[2][16], B[16][2];
+    for (int h = 0; h < 2; ++h)          // rows g and g + 8
+        for (int qq = 0; qq < 4; ++qq) {
+            const unsigned* s = w.a[g * 4 + qq];
+            A[h][2 * qq] = bf_lo(s[h]); A[h][2 * qq + 1] = bf_hi(s[h]);
+            A[h][2 * qq + 8] = bf_lo(s[2 + h]); A[h][2 * qq + 9] = bf_hi(s[2 + h]);
+        }
+    for (int n = 0; n < 2; ++n)          // columns 2q and 2q + 1
+        for (int qq = 0; qq < 4; ++qq) {
+            const unsigned* s = w.b[(2 * q + n) * 4 + qq];
+            B[2 * qq][n] = bf_lo(s[0]); B[2 * qq + 1][n] = bf_hi(s[0]);
+            B[2 * qq + 8][n] = bf_lo(s[1]); B[2 * qq + 9][n] = bf_hi(s[1]);
+        }
+    for (int h = 0; h < 2; ++h)
+        for (int n = 0; n < 2; ++n) {
+            float acc = c[2 * h + n];
+            for (int kk = 0; kk < 16; ++kk) acc += A[h][kk] * B[kk][n];
+            c[2 * h + n] = acc;
+        }
+    __syncwarp();
+}
+// named barriers: a thread's arrival counts one; sync waits for the barrier to complete
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+    if (g_named_n[id] && g_named_n[id] != n) { std::fprintf(stderr, "barrier %d used with %d and %d\n", id, g_named_n[id], n); std::abort(); }
+    g_named_n[id] = n;
+    gen_sync(g_named[id], n);
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+    if (g_named_n[id] && g_named_n[id] != n) { std::fprintf(stderr, "barrier %d used with %d and %d\n", id, g_named_n[id], n); std::abort(); }
+    g_named_n[id] = n;
+    Gen& b = g_named[id];
+    if (++b.count == n) { b.count = 0; b.gen++; }
+    g_cur->progressed = true;
+}
+template <typename P> __device__ __forceinline__ P* opaque_ptr(P* p) { return p; }
+"""
+
+HARNESS = r"""
+#include "kda_fused.cu"
+#include <vector>
+#include <random>
+alignas(16) unsigned char smem[SMEM_BYTES];
+
+template <typename T> static std::vector<T> load(const char* dir, const char* name, size_t n) {
+    std::vector<T> v(n);
+    char path[4096]; std::snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE* f = std::fopen(path, "rb");
+    if (!f || std::fread(v.data(), sizeof(T), n, f) != n) { std::fprintf(stderr, "cannot read %s\n", path); std::exit(2); }
+    std::fclose(f);
+    return v;
+}
+template <typename T> static void save(const char* dir, const char* name, const std::vector<T>& v) {
+    char path[4096]; std::snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE* f = std::fopen(path, "wb");
+    std::fwrite(v.data(), sizeof(T), v.size(), f);
+    std::fclose(f);
+}
+
+static const bf16_t *gq_, *gk_, *gv_, *gg_, *gb_;
+static const float *galog_, *gdt_, *ginit_;
+static bf16_t* gout_;
+static float* gfinal_;
+static int gT_, gH_;
+static float gscale_;
+static void trampoline() {
+    kda_fused_kernel(gq_, gk_, gv_, gg_, gb_, galog_, gdt_, ginit_, gout_, gfinal_, gT_, gH_, gscale_);
+    g_cur->done = true;
+    g_cur->progressed = true;
+    swapcontext(&g_cur->ctx, &g_sched);
+}
+
+int main(int argc, char** argv) {
+    const char* dir = argv[1];
+    const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
+    const unsigned seed = (unsigned)std::atoi(argv[5]);
+    const size_t ntok = (size_t)B * T * H;
+    auto q = load<bf16_t>(dir, "q.bin", ntok * K), k = load<bf16_t>(dir, "k.bin", ntok * K);
+    auto v = load<bf16_t>(dir, "v.bin", ntok * K), g = load<bf16_t>(dir, "g.bin", ntok * K);
+    auto beta = load<bf16_t>(dir, "beta.bin", ntok);
+    auto alog = load<float>(dir, "A_log.bin", H), dt = load<float>(dir, "dt_bias.bin", (size_t)H * K);
+    auto init = load<float>(dir, "init.bin", (size_t)B * H * K * K);
+    std::vector<bf16_t> out(ntok * K, 0x7fc0);             // NaN-poisoned
+    std::vector<float> fin((size_t)B * H * K * K, NAN);
+    gq_ = q.data(); gk_ = k.data(); gv_ = v.data(); gg_ = g.data(); gb_ = beta.data();
+    galog_ = alog.data(); gdt_ = dt.data(); ginit_ = init.data(); gout_ = out.data(); gfinal_ = fin.data();
+    gT_ = T; gH_ = H; gscale_ = 1.f / std::sqrt((float)K);
+    gridDim = {(unsigned)(K / VB), (unsigned)H, (unsigned)B};
+    std::mt19937 rng(seed);
+    std::vector<Fiber> fibers(NTH);
+    for (auto& f : fibers) f.stack = (char*)std::malloc(1 << 18);
+    for (unsigned bz = 0; bz < gridDim.z; ++bz)
+    for (unsigned h = 0; h < gridDim.y; ++h)
+    for (unsigned vb = 0; vb < gridDim.x; ++vb) {
+        blockIdx = {vb, h, bz};
+        std::memset(smem, 0xff, sizeof smem);                // NaN everywhere
+        for (auto& w : g_warp) w = WarpX();
+        for (auto& b : g_named) b = Gen();
+        for (auto& n : g_named_n) n = 0;
+        for (int t = 0; t < NTH; ++t) {
+            Fiber& f = fibers[t];
+            f.tid = t; f.done = false; f.progressed = false;
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.stack;
+            f.ctx.uc_stack.ss_size = 1 << 18;
+            f.ctx.uc_link = nullptr;
+            makecontext(&f.ctx, trampoline, 0);
+        }
+        std::vector<int> order(NTH);
+        for (int t = 0; t < NTH; ++t) order[t] = t;
+        for (;;) {
+            bool live = false, moved = false;
+            std::shuffle(order.begin(), order.end(), rng);
+            for (int t : order) {
+                Fiber& f = fibers[t];
+                if (f.done) continue;
+                live = true;
+                g_cur = &f;
+                threadIdx = {(unsigned)t, 0, 0};
+                f.progressed = false;
+                swapcontext(&g_sched, &f.ctx);
+                moved |= f.progressed;
+            }
+            if (!live) break;
+            if (!moved) {
+                std::fprintf(stderr, "deadlock in CTA (%u, %u, %u)\n", vb, h, bz);
+                for (int b = 0; b < 16; ++b)
+                    if (g_named[b].count) std::fprintf(stderr, "  barrier %d: %d of %d arrived\n", b, g_named[b].count, g_named_n[b]);
+                return 3;
+            }
+        }
+    }
+    save(dir, "out.bin", out);
+    save(dir, "final.bin", fin);
+    return 0;
+}
+"""
+
+
+def _strip_functions(src: str, names: list[str]) -> str:
+    """Remove the definitions of `names` (with a preceding template line) from a header."""
+    for name in names:
+        m = re.search(r"(template\s*<[^>]*>\s*)?__device__ __forceinline__ [\w\s\*]+?\b" + name + r"\s*\(", src)
+        assert m, name
+        i = src.index("{", m.end())
+        depth = 0
+        for j in range(i, len(src)):
+            depth += {"{": 1, "}": -1}.get(src[j], 0)
+            if depth == 0:
+                break
+        src = src[:m.start()] + src[j + 1:]
+    return src
+
+
+def build(cand: Path, work: Path) -> Path:
+    """The CPU build of a rendered candidate's kernel; returns the executable."""
+    work.mkdir(parents=True, exist_ok=True)
+    tiles = _strip_functions((cand / "kda_tiles.cuh").read_text(),
+                             ["pack_bf16x2", "cp_async16", "cp_async_commit", "cp_async_wait",
+                              "ldsm_x4", "ldsm_x4_trans", "mma_bf16"])
+    tiles = tiles.replace("typedef unsigned short bf16_t;", "")
+    tiles = tiles.replace("#pragma once", "#pragma once\n" + PRELUDE + PRIMITIVES, 1)
+    warpspec = _strip_functions((cand / "kda_warpspec.cuh").read_text(),
+                                ["named_bar_sync", "named_bar_arrive", "opaque_ptr"])
+    assert "asm" not in re.sub(r"//.*", "", tiles + warpspec), "a PTX primitive was left in"
+    (work / "kda_tiles.cuh").write_text(tiles)
+    (work / "kda_warpspec.cuh").write_text(warpspec)
+    shutil.copy(cand / "iket.cuh", work / "iket.cuh")
+    shutil.copy(cand / "kda_fused.cu", work / "kda_fused.cu")
+    (work / "harness.cpp").write_text(HARNESS)
+    exe = work / "kda_fused_cpu"
+    res = subprocess.run([GXX, "-std=c++17", "-O1", "-fno-strict-aliasing", "-w", "-o", str(exe),
+                          str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return exe
+
+
+def _bits(x):
+    return (bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def run_case(exe: Path, work: Path, B, T, H, regime, seed):
+    rng = np.random.default_rng(seed)
+    per_batch = [_inputs(rng, T, H, regime) for _ in range(B)]
+    q, k, v, g, beta = (np.stack([pb[i] for pb in per_batch]) for i in range(5))
+    A_log, dt_bias = per_batch[0][5], per_batch[0][6]
+    S0 = np.stack([pb[7] for pb in per_batch])
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _bits(x).tofile(work / f"{name}.bin")
+    np.float32(A_log).tofile(work / "A_log.bin")
+    np.float32(dt_bias).tofile(work / "dt_bias.bin")
+    np.float32(S0).tofile(work / "init.bin")
+    res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"rc={res.returncode}: {res.stderr[-2000:]}"
+    out = (np.fromfile(work / "out.bin", np.uint16).astype(np.uint32) << 16).view(np.float32)
+    out = out.reshape(B, T, H, K).astype(np.float64)
+    fin = np.fromfile(work / "final.bin", np.float32).reshape(B, H, K, K).astype(np.float64)
+    rb = lambda x: bf16(x).astype(np.float64)
+    for bz in range(B):
+        ref_o, ref_s = recurrence(rb(q[bz]), rb(k[bz]), rb(v[bz]), rb(g[bz]), rb(beta[bz]),
+                                  np.float32(A_log).astype(np.float64), np.float32(dt_bias).astype(np.float64),
+                                  np.float32(S0[bz]).astype(np.float64), K ** -0.5)
+        ok_o, r_o = _judge(out[bz], ref_o)
+        ok_s, r_s = _judge(fin[bz], ref_s)
+        assert ok_o and ok_s, (B, T, regime, bz, r_o, r_s)
+        assert r_o < 0.01 and r_s < 0.01, (r_o, r_s)
+
+
+@pytest.mark.parametrize("overrides, cases", [
+    ({}, [(1, 1, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "saturated"), (2, 33, 1, "scored")]),
+    ({"stages": 1}, [(1, 129, 1, "switch")]),
+    ({"v_block": 64, "prep_warps": 8, "stages": 2}, [(1, 200, 1, "scored")]),
+    ({"v_block": 64, "prep_warps": 4, "stages": 1}, [(1, 17, 2, "scored")]),
+], ids=["defaults", "stages1", "vb64_prep8", "vb64_prep4_stages1"])
+def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
+    cand, _ = render_point("fused", **overrides)
+    exe = build(cand, tmp_path / "cpu")
+    for i, (B, T, H, regime) in enumerate(cases):
+        run_case(exe, tmp_path / "cpu", B, T, H, regime, seed=100 + i)
