@@ -17,7 +17,7 @@ def _family():
 def test_family_loads_and_defaults_are_admitted():
     fam = _family()
     assert fam.check(fam.defaults) == []
-    assert set(fam.defaults) == {"chunk", "v_block", "prep_warps", "stages"}
+    assert set(fam.defaults) == {"chunk", "v_block", "prep_warps", "stages", "prefetch"}
     env = fam.environment(fam.defaults)
     assert env["state_warps"] == 8 and env["threads"] == 384
 
@@ -25,6 +25,7 @@ def test_family_loads_and_defaults_are_admitted():
 @pytest.mark.parametrize("overrides, message", [
     ({"v_block": 128, "prep_warps": 8}, "too many threads"),
     ({"chunk": 32}, "chunk"),
+    ({"stages": 1, "prefetch": 1}, "two ring slots"),
 ])
 def test_constraints_reject(overrides, message):
     fam = _family()

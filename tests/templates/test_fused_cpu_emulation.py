@@ -6,12 +6,14 @@ primitives (ldmatrix, mma.sync, cp.async, bf16 packing, named barriers, shuffles
 versions that follow the PTX semantics. Each CUDA thread runs as a cooperative fiber of
 one OS thread; a warp-collective primitive waits for all 32 lanes, a named barrier for
 its thread count, and a scheduling pass in which no fiber can move is reported as a
-deadlock. Fibers are resumed in a seeded random order, so warps drift against each
-other. Shared memory is filled with NaN before each CTA, outputs are NaN-poisoned.
+deadlock, a barrier left with arrivals at the end of a CTA as an error. Fibers are
+resumed in a seeded random order and random warps are held back for a pass, so warps
+drift against each other. Shared memory is filled with NaN before each CTA, outputs are NaN-poisoned.
 
 What it checks: index arithmetic, fragment plumbing, the ring hand-over (no deadlock,
-right slot), masking of partial chunks, and the result against the float64 recurrence
-with the judge's bounds. What it cannot check: timing, memory-ordering races that the
+right slot), masking of partial chunks, cp.async group accounting (a copy lands only when
+its thread waits for its group), and the result against the float64 recurrence with the
+judge's bounds. What it cannot check: timing, memory-ordering races that the
 cooperative schedule hides, register limits (see test_fused_compile.py).
 """
 from __future__ import annotations
@@ -40,12 +42,13 @@ PRELUDE = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <vector>
 #include <ucontext.h>
 #define __device__
 #define __global__
 #define __forceinline__ inline
 #define __shared__
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 using std::min;
 using std::max;
@@ -105,9 +108,30 @@ static inline unsigned short f32_to_bf16_rn(float x) {
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return (unsigned)f32_to_bf16_rn(lo) | ((unsigned)f32_to_bf16_rn(hi) << 16);
 }
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
-__device__ __forceinline__ void cp_async_commit() {}
-template <int N> __device__ __forceinline__ void cp_async_wait() {}
+// cp.async: a thread's copies land only when it waits for their group (the latest a GPU
+// may deliver them), so a read that is not covered by the right wait sees stale data.
+struct CpCopy { void* dst; unsigned char data[16]; int group; };
+static std::vector<CpCopy> g_cp[1024];
+static int g_cp_group[1024];
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    CpCopy c;
+    c.dst = smem;
+    std::memcpy(c.data, gmem, 16);
+    c.group = g_cp_group[threadIdx.x];
+    g_cp[threadIdx.x].push_back(c);
+}
+__device__ __forceinline__ void cp_async_commit() { g_cp_group[threadIdx.x]++; }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    // groups committed so far: 0 .. g_cp_group - 1; all but the newest N must be complete
+    std::vector<CpCopy>& q = g_cp[threadIdx.x];
+    const int limit = g_cp_group[threadIdx.x] - N;
+    size_t keep = 0;
+    for (size_t i = 0; i < q.size(); ++i) {
+        if (q[i].group < limit) std::memcpy(q[i].dst, q[i].data, 16);
+        else q[keep++] = q[i];
+    }
+    q.resize(keep);
+}
 // ldmatrix .x4: lanes 8i..8i+7 give the rows of 8x8 matrix i; lane l receives row l/4,
 // columns 2(l%4), 2(l%4)+1 (.trans: the transposed matrix).
 static inline void ldsm_common(unsigned r[4], const bf16_t* p, bool trans) {
@@ -175,6 +199,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
     g_cur->progressed = true;
 }
 template <typename P> __device__ __forceinline__ P* opaque_ptr(P* p) { return p; }
+__device__ __forceinline__ int opaque_int(int x) { return x; }
 """
 
 HARNESS = r"""
@@ -238,6 +263,7 @@ int main(int argc, char** argv) {
         for (auto& w : g_warp) w = WarpX();
         for (auto& b : g_named) b = Gen();
         for (auto& n : g_named_n) n = 0;
+        for (int t = 0; t < 1024; ++t) { g_cp[t].clear(); g_cp_group[t] = 0; }
         for (int t = 0; t < NTH; ++t) {
             Fiber& f = fibers[t];
             f.tid = t; f.done = false; f.progressed = false;
@@ -249,13 +275,18 @@ int main(int argc, char** argv) {
         }
         std::vector<int> order(NTH);
         for (int t = 0; t < NTH; ++t) order[t] = t;
+        bool full_pass = true;
         for (;;) {
-            bool live = false, moved = false;
+            bool live = false, moved = false, skipped = false;
             std::shuffle(order.begin(), order.end(), rng);
+            unsigned stalled = 0;                             // warps held back this pass
+            if (!full_pass)
+                for (int w = 0; w < NTH / 32; ++w) stalled |= (rng() % 4 == 0 ? 1u : 0u) << w;
             for (int t : order) {
                 Fiber& f = fibers[t];
                 if (f.done) continue;
                 live = true;
+                if (stalled >> (t >> 5) & 1) { skipped = true; continue; }
                 g_cur = &f;
                 threadIdx = {(unsigned)t, 0, 0};
                 f.progressed = false;
@@ -263,13 +294,21 @@ int main(int argc, char** argv) {
                 moved |= f.progressed;
             }
             if (!live) break;
-            if (!moved) {
+            full_pass = !moved && skipped;                    // stuck only if a full pass is
+            if (!moved && !skipped) {
                 std::fprintf(stderr, "deadlock in CTA (%u, %u, %u)\n", vb, h, bz);
                 for (int b = 0; b < 16; ++b)
                     if (g_named[b].count) std::fprintf(stderr, "  barrier %d: %d of %d arrived\n", b, g_named[b].count, g_named_n[b]);
                 return 3;
             }
         }
+        for (int t = 0; t < NTH; ++t)
+            if (!g_cp[t].empty()) { std::fprintf(stderr, "thread %d ends with cp.async copies never waited for\n", t); return 5; }
+        for (int b = 0; b < 16; ++b)
+            if (g_named[b].count) {
+                std::fprintf(stderr, "barrier %d left with %d of %d arrivals\n", b, g_named[b].count, g_named_n[b]);
+                return 4;
+            }
     }
     save(dir, "out.bin", out);
     save(dir, "final.bin", fin);
@@ -302,7 +341,7 @@ def build(cand: Path, work: Path) -> Path:
     tiles = tiles.replace("typedef unsigned short bf16_t;", "")
     tiles = tiles.replace("#pragma once", "#pragma once\n" + PRELUDE + PRIMITIVES, 1)
     warpspec = _strip_functions((cand / "kda_warpspec.cuh").read_text(),
-                                ["named_bar_sync", "named_bar_arrive", "opaque_ptr"])
+                                ["named_bar_sync", "named_bar_arrive", "opaque_ptr", "opaque_int"])
     assert "asm" not in re.sub(r"//.*", "", tiles + warpspec), "a PTX primitive was left in"
     (work / "kda_tiles.cuh").write_text(tiles)
     (work / "kda_warpspec.cuh").write_text(warpspec)
@@ -349,11 +388,14 @@ def run_case(exe: Path, work: Path, B, T, H, regime, seed):
 
 
 @pytest.mark.parametrize("overrides, cases", [
-    ({}, [(1, 1, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "saturated"), (2, 33, 1, "scored")]),
+    ({}, [(1, 1, 1, "scored"), (1, 65, 1, "scored"), (1, 321, 1, "scored"), (1, 129, 1, "saturated"),
+          (2, 33, 1, "scored")]),
     ({"stages": 1}, [(1, 129, 1, "switch")]),
     ({"v_block": 64, "prep_warps": 8, "stages": 2}, [(1, 200, 1, "scored")]),
     ({"v_block": 64, "prep_warps": 4, "stages": 1}, [(1, 17, 2, "scored")]),
-], ids=["defaults", "stages1", "vb64_prep8", "vb64_prep4_stages1"])
+    ({"prefetch": 1}, [(1, 1, 1, "scored"), (1, 64, 1, "scored"), (1, 200, 1, "saturated"), (2, 70, 1, "switch")]),
+    ({"v_block": 64, "prep_warps": 8, "prefetch": 1}, [(1, 129, 1, "scored")]),
+], ids=["defaults", "stages1", "vb64_prep8", "vb64_prep4_stages1", "prefetch", "vb64_prep8_prefetch"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused", **overrides)
     exe = build(cand, tmp_path / "cpu")

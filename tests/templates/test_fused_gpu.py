@@ -25,7 +25,8 @@ sys.path.insert(0, str(TEMPLATES / "common"))
 import iket_host  # noqa: E402
 import kda_launch  # noqa: E402
 
-POINTS = [{}, {"v_block": 64, "prep_warps": 8, "stages": 1}, {"v_block": 64, "prep_warps": 4, "stages": 2}]
+POINTS = [{}, {"prefetch": 1}, {"v_block": 64, "prep_warps": 8, "stages": 1},
+          {"v_block": 64, "prep_warps": 4, "stages": 2, "prefetch": 1}]
 
 
 def _load(path, name):
@@ -101,7 +102,7 @@ def test_moderate_shape_against_fp32_reference(render_point, bench, regime):
         ok_o, r_o = _judge(out, ref_o, loose)
         ok_s, r_s = _judge(state, ref_s, loose)
         assert ok_o and ok_s, (regime, r_o, r_s)
-        if not loose:
+        if regime == "scored":
             assert r_o < 0.01 and r_s < 0.01, (regime, r_o, r_s)   # two_pass: about 0.005
 
 

@@ -32,3 +32,9 @@ __device__ __forceinline__ P* opaque_ptr(P* p) {
     asm volatile("" : "+l"(p));
     return p;
 }
+// An int the optimiser cannot see through (same purpose as opaque_ptr, for a ring index:
+// the pointer derived from it keeps its shared-memory address space).
+__device__ __forceinline__ int opaque_int(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
