@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from evolve.config import RunConfig
 from evolve.families import Family
+from evolve.paths import display_path
 from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
 from evolve.population import Candidate, NewCandidate, Population, Run
 from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
@@ -53,15 +54,6 @@ class RunSummary(BaseModel):
     stopped_because: str
     resumed_from: int | None = None
     retried: list[int] = Field(default_factory=list)   # evaluation ids retried on resume
-
-
-def display_path(path: Path) -> str:
-    """Relative to the working directory when inside it (how candidates are stored)."""
-    resolved = path.resolve()
-    try:
-        return resolved.relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return resolved.as_posix()
 
 
 def server_concurrency(health: dict) -> int:

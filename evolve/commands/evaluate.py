@@ -13,7 +13,8 @@ from evolve.config import ConfigError, PromotionConfig, RemoteConfig, RunConfig,
 from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
 from evolve.families import FamilyError
-from evolve.loop import display_path, server_concurrency
+from evolve.loop import server_concurrency
+from evolve.paths import display_path
 from evolve.pipeline import GpuGate, StageContext, run_pipeline
 from evolve.population import Candidate, Population
 from evolve.promotion import Promoter

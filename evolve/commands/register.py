@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from evolve.db import DB_HELP, SchemaVersionError, open_database
+from evolve.paths import display_path
 from evolve.population import NewCandidate, Population
 
 IGNORED_DIRS = {"__pycache__"}
@@ -45,15 +46,6 @@ def directory_digest(root: Path) -> str:
         digest.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big"))
         digest.update(data)
     return digest.hexdigest()
-
-
-def display_path(path: Path) -> str:
-    """Relative to the working directory when inside it (as the search stores them)."""
-    resolved = path.resolve()
-    try:
-        return resolved.relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return resolved.as_posix()
 
 
 def infer_workload(path: Path) -> tuple[str, Path] | None:

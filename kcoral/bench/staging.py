@@ -83,9 +83,13 @@ def stage(workload: Workload, dest: Path, candidate: Path, against: Path | None 
     if against is not None:
         shutil.copytree(against, dest / "against", ignore=IGNORED)
     if with_gputest:
+        # A workload may carry its own test_small.py; otherwise the judge's generic one,
+        # which reads the shapes and rules from workload.json.
         test = workload.root / "test_small.py"
         if not test.is_file():
-            raise BenchInputError(f"{workload.root} has no test_small.py")
+            test = workload.judge_dir / "test_small.py"
+        if not test.is_file():
+            raise BenchInputError(f"neither {workload.root} nor {workload.judge_dir} has a test_small.py")
         shutil.copyfile(test, dest / "test_small.py")
     return dest
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from kcoral.values import numpy_dtype
 
+from ..failures import CorrectnessFailure
+
 
 def alloc_args(name: str, args: tuple[Any, ...]) -> tuple[tuple[int, ...], str, int | None]:
     """(shape, dtype, seed) from `({"shape": [...], "dtype": "float32"})` or `(shape, dtype)`."""
@@ -106,3 +108,14 @@ def closeness(xp: Any, a: Any, b: Any, rtol: float, atol: float) -> dict[str, An
         "max_rel_err": max_rel if math.isfinite(max_rel) else None,
         "mismatch_fraction": mismatch,
     }
+
+
+def require_close(report: dict[str, Any]) -> dict[str, Any]:
+    """assert_close's verdict on a check_close report: raise `correctness` when it failed."""
+    if not report["ok"]:
+        raise CorrectnessFailure(
+            report.get("message")
+            or f"tensors differ: mismatch_fraction={report['mismatch_fraction']:.6g}, "
+            f"max_abs_err={report['max_abs_err']}, max_rel_err={report['max_rel_err']}"
+        )
+    return report

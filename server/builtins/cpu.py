@@ -8,9 +8,10 @@ import numpy as np
 
 from kcoral.values import numpy_dtype
 
-from ..failures import CorrectnessFailure, Unavailable
+from ..failures import Unavailable
 from . import Builtin
-from .common import alloc_args, bench_call_args, bench_options, closeness, latency_stats, repetitions, tolerances
+from .common import (alloc_args, bench_call_args, bench_options, closeness, latency_stats, repetitions,
+                     require_close, tolerances)
 
 
 def empty(*args: Any) -> np.ndarray:
@@ -57,14 +58,7 @@ def check_close(a: Any, b: Any, opts: Any = None) -> dict[str, Any]:
 
 
 def assert_close(a: Any, b: Any, opts: Any = None) -> dict[str, Any]:
-    report = check_close(a, b, opts)
-    if not report["ok"]:
-        raise CorrectnessFailure(
-            report.get("message")
-            or f"tensors differ: mismatch_fraction={report['mismatch_fraction']:.6g}, "
-            f"max_abs_err={report['max_abs_err']}, max_rel_err={report['max_rel_err']}"
-        )
-    return report
+    return require_close(check_close(a, b, opts))
 
 
 def builtins() -> dict[str, Builtin]:
