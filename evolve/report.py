@@ -232,10 +232,15 @@ def render_report(pop: Population, workload_id: int | None = None, *, limit: int
         marks_count.append((float(n), speed))
         marks_time.append(((p.promoted_at - origin).total_seconds() / 3600, speed))
 
+    # Short runs read better in minutes than in hundredths of an hour.
+    span_h = max((x for x, _ in by_time + marks_time), default=0.0)
+    unit, per_hour = ("minutes", 60.0) if span_h < 2 else ("hours", 1.0)
+    by_time = [(x * per_hour, y) for x, y in by_time]
+    marks_time = [(x * per_hour, y) for x, y in marks_time]
     plots = (
         step_plot(by_count, title="Best speedup so far, by evaluations", x_label="finished evaluations (all stages)",
                   y_label="speedup over baseline (×)", markers=marks_count)
-        + step_plot(by_time, title="Best speedup so far, by wall time", x_label="hours since the first evaluation",
+        + step_plot(by_time, title="Best speedup so far, by wall time", x_label=f"{unit} since the first evaluation",
                     y_label="speedup over baseline (×)", markers=marks_time)
     )
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from kcoral.cli import EXIT_TIMEOUT, EXIT_TOOL_FAILURE, EXIT_USAGE, add_remote_options, fail, make_client
+from kcoral.progress import Ticker
 
 EXIT_FAILED = 1  # the candidate failed a check (holdout, correctness, flaky, import, runtime)
 # Failures that say nothing about the candidate: the bench could not be carried out.
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("--timeout must be positive", EXIT_USAGE)
     try:
         with make_client(args) as client:
-            rep = run_bench(client, args.workload_dir, args.candidate, timeout=args.timeout, against=args.against)
+            with Ticker(f"bench of {args.candidate} running on {args.remote}"):
+                rep = run_bench(client, args.workload_dir, args.candidate, timeout=args.timeout, against=args.against)
     except (BenchInputError, ToolInputError) as exc:
         return fail(str(exc), EXIT_USAGE)
     except OSError as exc:  # an unreadable file while staging

@@ -8,6 +8,7 @@ from typing import Any
 
 from kcoral.cli import (add_remote_options, add_send_options, echo_run, exit_status,
                         make_client, write_local_files)
+from kcoral.progress import Ticker
 from kcoral.remote import SendSpec, ToolInputError, parse_env, run_iket
 
 
@@ -30,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     sends = [SendSpec.parse(s) for s in args.send]
     env = parse_env(args.env)
     with make_client(args) as client:
-        res = run_iket(client, sends, app=args.app, env=env, timeout=args.timeout,
-                       include_raw=not args.no_raw)
+        with Ticker(f"traced {' '.join(args.app)} on {args.remote}"):
+            res = run_iket(client, sends, app=args.app, env=env, timeout=args.timeout,
+                           include_raw=not args.no_raw)
     echo_run(res)
     for path in write_local_files(args.output_dir, {**res.raw, **res.traces}):
         print(f"kcoral: wrote {path}", file=sys.stderr)

@@ -8,6 +8,7 @@ from typing import Any
 
 from kcoral.cli import add_remote_options, add_send_options, echo_run, exit_status, make_client
 from kcoral.ncu import format_table
+from kcoral.progress import Ticker
 from kcoral.remote import SendSpec, ToolInputError, parse_env, run_ncu
 
 
@@ -36,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
     env = parse_env(args.env)
     out = report_path(args.output)
     with make_client(args) as client:
-        res = run_ncu(client, sends, app=args.app, ncu_args=args.extra, env=env,
-                      timeout=args.timeout)
+        with Ticker(f"ncu around {' '.join(args.app)} on {args.remote}"):
+            res = run_ncu(client, sends, app=args.app, ncu_args=args.extra, env=env,
+                          timeout=args.timeout)
     echo_run(res)
     code = exit_status(res)
     if res.report is None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from kcoral.cli import (add_remote_options, add_send_options, echo_run, exit_status,
                         make_client, write_local_files)
+from kcoral.progress import Ticker
 from kcoral.remote import SendSpec, ToolInputError, parse_env, run_python
 
 
@@ -30,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     sends = [SendSpec.parse(s) for s in args.send]
     env = parse_env(args.env)
     with make_client(args) as client:
-        res = run_python(client, sends, script=args.app[0], args=args.app[1:], env=env,
-                         timeout=args.timeout, outputs=args.output)
+        with Ticker(f"{args.app[0]} running on {args.remote}"):
+            res = run_python(client, sends, script=args.app[0], args=args.app[1:], env=env,
+                             timeout=args.timeout, outputs=args.output)
     echo_run(res)
     for path in write_local_files(args.output_dir, res.files):
         print(f"kcoral: wrote {path}", file=sys.stderr)
