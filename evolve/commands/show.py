@@ -41,6 +41,19 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}ms"
 
 
+def _cases_summary(cases: list) -> str:
+    """`16 PASS` or `15 PASS, 1 FAIL: probe_T65 (detail)`; the full list is in --json."""
+    statuses: dict[str, int] = {}
+    bad: list[str] = []
+    for case in cases:
+        status = str(case.get("status", "?")) if isinstance(case, dict) else "?"
+        statuses[status] = statuses.get(status, 0) + 1
+        if status != "PASS" and isinstance(case, dict):
+            bad.append(f"{case.get('name')} ({case.get('detail', '')})")
+    text = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    return text + (": " + "; ".join(bad) if bad else "")
+
+
 def _evaluation_lines(ev: Evaluation) -> list[str]:
     took = "-" if ev.duration_s is None else f"{ev.duration_s:.1f}s"
     head = f"  #{ev.id} {ev.stage} attempt {ev.attempt}: {ev.status}"
@@ -49,8 +62,9 @@ def _evaluation_lines(ev: Evaluation) -> list[str]:
     head += f"  took {took}, queue {_ms(ev.queue_ms)}, lease {_ms(ev.lease_held_ms)}"
     if ev.retry_of is not None:
         head += f", retry of #{ev.retry_of}"
-    if ev.server_instance or ev.gpu:
-        head += f", on {ev.server_instance or '?'} gpu {ev.gpu or '?'}"
+    if ev.server_instance or ev.gpu is not None:
+        where = f"gpu {ev.gpu}" if ev.gpu is not None else "no gpu"
+        head += f", on {(ev.server_instance or '?')[:8]} {where}"
     lines = [head, f"     started {ev.started_at:%Y-%m-%d %H:%M:%S}Z" + (f" run {ev.run_id}" if ev.run_id else "")]
     numbers = {
         k: getattr(ev, k)
@@ -62,6 +76,8 @@ def _evaluation_lines(ev: Evaluation) -> list[str]:
     if ev.message:
         lines.extend("     | " + line for line in ev.message.splitlines()[-20:])
     values = {k: v for k, v in ev.metrics.items() if not _is_log(k, v)}
+    if isinstance(values.get("cases"), list):
+        lines.append("     cases: " + _cases_summary(values.pop("cases")))
     if values:
         lines.append("     metrics: " + json.dumps(values, sort_keys=True, default=str))
     for key, text in ev.metrics.items():
