@@ -323,7 +323,9 @@ def parse_config(text: str):
     params = {}
     for item in filter(None, rest.split(",")):
         key, _, val = item.partition("=")
-        params[key.strip()] = int(val)
+        val = val.strip()
+        # Numbers for sizes and counts, strings for variants (state_step=warp_local).
+        params[key.strip()] = int(val) if val.lstrip("-").isdigit() else val
     return family.strip(), params
 
 

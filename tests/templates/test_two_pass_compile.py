@@ -7,12 +7,20 @@ import pytest
 from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_ptxas
 
 # (overrides, register bound for the state kernel); the prep kernel is capped at 128
-# registers by its launch bounds (two CTAs of 256 threads per SM).
+# registers by its launch bounds (two CTAs of 256 threads per SM), at 80 with
+# prep_smem = "lean" (three CTAs per SM).
 POINTS = [
     ({}, 255),
     ({"v_block": 64, "state_warps": 4}, 255),
     ({"v_block": 32, "state_warps": 8}, 200),
     ({"v_block": 64, "stages": 2}, 255),
+    # not yet run on a GPU: the warp-local state step and the lean prep
+    ({"state_step": "warp_local", "stages": 2}, 255),
+    ({"state_step": "warp_local", "stages": 1}, 255),
+    ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1}, 255),
+    ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 2}, 255),
+    ({"prep_smem": "lean"}, 255),
+    ({"prep_smem": "lean", "state_step": "warp_local", "stages": 2}, 255),
 ]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
@@ -22,12 +30,14 @@ def test_family_loads_and_defaults_are_admitted():
 
     fam = load_family(TEMPLATES / "two_pass")
     assert fam.check(fam.defaults) == []
-    assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages"}
+    assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem"}
 
 
 @pytest.mark.parametrize("overrides, message", [
     ({"v_block": 128, "state_warps": 4}, "64 fp32 registers"),
     ({"chunk": 32}, "chunk"),
+    ({"state_step": "warp_local", "v_block": 32, "state_warps": 8}, "16 value rows"),
+    ({"state_step": "warp_local", "v_block": 64, "state_warps": 8}, "16 value rows"),
 ])
 def test_constraints_reject(overrides, message):
     from evolve.families import load_family
@@ -56,6 +66,11 @@ def test_points_compile_without_spills(render_point, tmp_path, overrides, state_
     # the shared memory the host asks for fits the SM and the occupancy the design assumes
     assert env["state_smem_bytes"] <= 227 * 1024
     assert 2 * env["prep_smem_bytes"] <= 227 * 1024
+    # the prep's CTAs per SM: registers (rounded up to 8 per thread) and shared memory
+    # (plus the 1 KiB the SM reserves per CTA) both allow what the launch bounds promise
+    per_sm = env["prep_ctas_per_sm"]
+    assert per_sm * 256 * ((prep.registers + 7) // 8 * 8) <= 65536, (per_sm, prep.registers)
+    assert per_sm * (env["prep_smem_bytes"] + 1024) <= 228 * 1024
 
 
 @needs_nvcc

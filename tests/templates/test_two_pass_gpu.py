@@ -43,7 +43,14 @@ def _host(data, name):
     return kda_launch.bf16_to_f32(data[name]).get().astype(np.float64)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"v_block": 64, "state_warps": 4}])
+@pytest.mark.parametrize("overrides", [
+    {}, {"v_block": 64, "state_warps": 4},
+    # not yet run on a GPU (emulated on the CPU only): warp-local state step, lean prep
+    {"state_step": "warp_local", "stages": 2},
+    {"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1},
+    {"prep_smem": "lean"},
+    {"prep_smem": "lean", "state_step": "warp_local", "stages": 2},
+])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
     cand, _ = render_point("two_pass", **overrides)

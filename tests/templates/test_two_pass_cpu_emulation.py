@@ -1,0 +1,252 @@
+"""Run the rendered two_pass kernel sources themselves on the CPU, thread by thread.
+
+Same method as test_fused_cpu_emulation.py (whose CPU primitives this reuses): the real
+`kda_prep.cu` and `kda_state.cu` are compiled with g++ into one program, with only
+ldmatrix, mma.sync, cp.async, bf16 packing, shuffles and barriers replaced by CPU
+versions of their PTX semantics; every CUDA thread is a cooperative fiber, warps drift at
+random, shared memory starts as NaN, the scratch between the kernels and the outputs are
+NaN-poisoned, and a cp.async copy lands only when its thread waits for its group. The
+prep grid runs first, then the state grid, as the candidate launches them; the result is
+checked against the float64 recurrence with the judge's bounds.
+
+It covers the points added with `state_step` and `prep_smem` (none of which has run on a
+GPU yet) and, as a control, the measured defaults. It cannot check timing, memory-ordering
+races hidden by the cooperative schedule, or register limits (test_two_pass_compile.py).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .test_chunked_math import recurrence, _inputs
+from .test_fused_cpu_emulation import GXX, PRELUDE, PRIMITIVES, _bits, _strip_functions
+from .test_fused_schedule import _judge, bf16
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
+K = 128
+C = 64
+
+# __syncthreads as a barrier over the CTA's threads (the fused kernel never uses it)
+SYNCTHREADS = r"""
+static int g_nth;
+static inline void __syncthreads() { gen_sync(g_named[0], g_nth); }
+"""
+
+HARNESS = r"""
+#include "kda_tiles.cuh"
+#include "iket.cuh"
+#include <functional>
+#include <random>
+// Each kernel in its own namespace (both define C, K, NTH, ...); its dynamic shared memory
+// gets a name of its own too (an extern "C" function's block-scope extern has C linkage).
+#define smem prep_smem
+namespace prep_k {
+#include "kda_prep.cu"
+alignas(16) unsigned char smem[SMEM_BYTES];
+}
+#undef smem
+#define smem state_smem
+namespace state_k {
+#include "kda_state.cu"
+alignas(16) unsigned char smem[SMEM_BYTES];
+}
+#undef smem
+
+template <typename T> static std::vector<T> load(const char* dir, const char* name, size_t n) {
+    std::vector<T> v(n);
+    char path[4096]; std::snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE* f = std::fopen(path, "rb");
+    if (!f || std::fread(v.data(), sizeof(T), n, f) != n) { std::fprintf(stderr, "cannot read %s\n", path); std::exit(2); }
+    std::fclose(f);
+    return v;
+}
+template <typename T> static void save(const char* dir, const char* name, const std::vector<T>& v) {
+    char path[4096]; std::snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE* f = std::fopen(path, "wb");
+    std::fwrite(v.data(), sizeof(T), v.size(), f);
+    std::fclose(f);
+}
+
+static std::function<void()> g_body;
+static void trampoline() {
+    g_body();
+    g_cur->done = true;
+    g_cur->progressed = true;
+    swapcontext(&g_cur->ctx, &g_sched);
+}
+
+// Run every CTA of a grid, one after another, each as `nth` fibers; 0 or an error code.
+static int run_grid(dim3_ grid, int nth, unsigned char* sm, size_t smem_bytes, std::mt19937& rng) {
+    gridDim = grid;
+    g_nth = nth;
+    std::vector<Fiber> fibers(nth);
+    for (auto& f : fibers) f.stack = (char*)std::malloc(1 << 18);
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = {bx, by, bz};
+        std::memset(sm, 0xff, smem_bytes);                   // NaN everywhere
+        for (auto& w : g_warp) w = WarpX();
+        for (auto& b : g_named) b = Gen();
+        for (auto& n : g_named_n) n = 0;
+        for (int t = 0; t < 1024; ++t) { g_cp[t].clear(); g_cp_group[t] = 0; }
+        for (int t = 0; t < nth; ++t) {
+            Fiber& f = fibers[t];
+            f.tid = t; f.done = false; f.progressed = false;
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.stack;
+            f.ctx.uc_stack.ss_size = 1 << 18;
+            f.ctx.uc_link = nullptr;
+            makecontext(&f.ctx, trampoline, 0);
+        }
+        std::vector<int> order(nth);
+        for (int t = 0; t < nth; ++t) order[t] = t;
+        bool full_pass = true;
+        for (;;) {
+            bool live = false, moved = false, skipped = false;
+            std::shuffle(order.begin(), order.end(), rng);
+            unsigned stalled = 0;                             // warps held back this pass
+            if (!full_pass)
+                for (int w = 0; w < nth / 32; ++w) stalled |= (rng() % 4 == 0 ? 1u : 0u) << w;
+            for (int t : order) {
+                Fiber& f = fibers[t];
+                if (f.done) continue;
+                live = true;
+                if (stalled >> (t >> 5) & 1) { skipped = true; continue; }
+                g_cur = &f;
+                threadIdx = {(unsigned)t, 0, 0};
+                f.progressed = false;
+                swapcontext(&g_sched, &f.ctx);
+                moved |= f.progressed;
+            }
+            if (!live) break;
+            full_pass = !moved && skipped;
+            if (!moved && !skipped) {
+                std::fprintf(stderr, "deadlock in CTA (%u, %u, %u)\n", bx, by, bz);
+                return 3;
+            }
+        }
+        for (int t = 0; t < nth; ++t)
+            if (!g_cp[t].empty()) { std::fprintf(stderr, "thread %d ends with cp.async copies never waited for\n", t); return 5; }
+        for (int b = 0; b < 16; ++b)
+            if (g_named[b].count) { std::fprintf(stderr, "barrier %d left with %d arrivals\n", b, g_named[b].count); return 4; }
+    }
+    for (auto& f : fibers) std::free(f.stack);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    const char* dir = argv[1];
+    const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
+    const unsigned seed = (unsigned)std::atoi(argv[5]);
+    const int VB = std::atoi(argv[6]), NW = std::atoi(argv[7]);
+    const int KD = 128, C = 64, NC = (T + C - 1) / C;
+    const size_t ntok = (size_t)B * T * H, blocks = (size_t)B * H * NC;
+    auto q = load<bf16_t>(dir, "q.bin", ntok * KD), k = load<bf16_t>(dir, "k.bin", ntok * KD);
+    auto v = load<bf16_t>(dir, "v.bin", ntok * KD), g = load<bf16_t>(dir, "g.bin", ntok * KD);
+    auto beta = load<bf16_t>(dir, "beta.bin", ntok);
+    auto alog = load<float>(dir, "A_log.bin", H), dt = load<float>(dir, "dt_bias.bin", (size_t)H * KD);
+    auto init = load<float>(dir, "init.bin", (size_t)B * H * KD * KD);
+    // scratch and outputs NaN-poisoned: an element a kernel forgets to write shows up
+    std::vector<bf16_t> qg(blocks * C * KD, 0x7fc0), w(blocks * C * KD, 0x7fc0), ut(blocks * C * KD, 0x7fc0),
+        kd(blocks * C * KD, 0x7fc0), p(blocks * C * C, 0x7fc0), out(ntok * KD, 0x7fc0);
+    std::vector<float> gc(blocks * KD, NAN), fin((size_t)B * H * KD * KD, NAN);
+    std::mt19937 rng(seed);
+    g_body = [&] {
+        prep_k::kda_prep_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), T, H,
+                                qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data());
+    };
+    int rc = run_grid({(unsigned)NC, (unsigned)H, (unsigned)B}, 256, prep_k::prep_smem, sizeof prep_k::prep_smem, rng);
+    if (rc) return rc;
+    const float scale = 1.f / std::sqrt((float)KD);
+    g_body = [&] {
+        state_k::kda_state_kernel(qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data(), init.data(),
+                                  out.data(), fin.data(), T, H, NC, scale);
+    };
+    rc = run_grid({(unsigned)(KD / VB), (unsigned)H, (unsigned)B}, NW * 32, state_k::state_smem, sizeof state_k::state_smem, rng);
+    if (rc) return rc;
+    save(dir, "out.bin", out);
+    save(dir, "final.bin", fin);
+    return 0;
+}
+"""
+
+
+def build(cand: Path, work: Path) -> Path:
+    """The CPU build of a rendered two_pass candidate (both kernels); returns the executable."""
+    work.mkdir(parents=True, exist_ok=True)
+    tiles = _strip_functions((cand / "kda_tiles.cuh").read_text(),
+                             ["pack_bf16x2", "cp_async16", "cp_async_commit", "cp_async_wait",
+                              "ldsm_x4", "ldsm_x4_trans", "mma_bf16"])
+    tiles = tiles.replace("typedef unsigned short bf16_t;", "")
+    tiles = tiles.replace("#pragma once", "#pragma once\n" + PRELUDE + PRIMITIVES + SYNCTHREADS, 1)
+    for src in ("kda_prep.cu", "kda_state.cu"):
+        text = (cand / src).read_text()
+        assert "asm" not in text, f"{src}: a PTX primitive outside the headers"
+        shutil.copy(cand / src, work / src)
+    (work / "kda_tiles.cuh").write_text(tiles)
+    shutil.copy(cand / "iket.cuh", work / "iket.cuh")
+    (work / "harness.cpp").write_text(HARNESS)
+    exe = work / "kda_two_pass_cpu"
+    res = subprocess.run([GXX, "-std=c++17", "-O1", "-fno-strict-aliasing", "-w", "-o", str(exe),
+                          str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return exe
+
+
+def run_case(exe: Path, work: Path, B, T, H, regime, seed, v_block, state_warps):
+    rng = np.random.default_rng(seed)
+    per_batch = [_inputs(rng, T, H, regime) for _ in range(B)]
+    q, k, v, g, beta = (np.stack([pb[i] for pb in per_batch]) for i in range(5))
+    A_log, dt_bias = per_batch[0][5], per_batch[0][6]
+    S0 = np.stack([pb[7] for pb in per_batch])
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _bits(x).tofile(work / f"{name}.bin")
+    np.float32(A_log).tofile(work / "A_log.bin")
+    np.float32(dt_bias).tofile(work / "dt_bias.bin")
+    np.float32(S0).tofile(work / "init.bin")
+    res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed), str(v_block), str(state_warps)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"rc={res.returncode}: {res.stderr[-2000:]}"
+    out = (np.fromfile(work / "out.bin", np.uint16).astype(np.uint32) << 16).view(np.float32)
+    out = out.reshape(B, T, H, K).astype(np.float64)
+    fin = np.fromfile(work / "final.bin", np.float32).reshape(B, H, K, K).astype(np.float64)
+    rb = lambda x: bf16(x).astype(np.float64)
+    for bz in range(B):
+        ref_o, ref_s = recurrence(rb(q[bz]), rb(k[bz]), rb(v[bz]), rb(g[bz]), rb(beta[bz]),
+                                  np.float32(A_log).astype(np.float64), np.float32(dt_bias).astype(np.float64),
+                                  np.float32(S0[bz]).astype(np.float64), K ** -0.5)
+        ok_o, r_o = _judge(out[bz], ref_o)
+        ok_s, r_s = _judge(fin[bz], ref_s)
+        assert ok_o and ok_s, (B, T, regime, bz, r_o, r_s)
+        assert r_o < 0.01 and r_s < 0.01, (r_o, r_s)
+
+
+# Every new point at T = 1, 17, 65, 129 (H = 1) and the gate at its -5 floor; the defaults
+# (measured on a GPU) as a control of the harness itself.
+ALL_T = [(1, 1, 1, "scored"), (1, 17, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "scored"),
+         (1, 129, 1, "saturated")]
+POINTS = [
+    ({}, [(1, 65, 1, "scored"), (1, 129, 1, "saturated")]),
+    ({"state_step": "warp_local", "stages": 2}, ALL_T + [(2, 33, 1, "switch")]),
+    ({"state_step": "warp_local", "stages": 1}, ALL_T),
+    ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1}, ALL_T),
+    ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 2}, ALL_T),
+    ({"prep_smem": "lean"}, ALL_T + [(2, 33, 1, "switch")]),
+    ({"prep_smem": "lean", "state_step": "warp_local", "stages": 2}, [(1, 129, 2, "scored"), (1, 200, 1, "saturated")]),
+]
+IDS = ["defaults", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
+       "lean", "lean_warp_local_vb128_s2"]
+
+
+@pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
+def test_kernel_sources_on_cpu(render_point, tmp_path, overrides, cases):
+    cand, fam = render_point("two_pass", **overrides)
+    params = {**fam.defaults, **overrides}
+    exe = build(cand, tmp_path / "cpu")
+    for i, (B, T, H, regime) in enumerate(cases):
+        run_case(exe, tmp_path / "cpu", B, T, H, regime, 200 + i, params["v_block"], params["state_warps"])
