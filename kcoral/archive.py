@@ -173,9 +173,11 @@ def _checked_members(
     seen: dict[str, bool] = {}  # normalised path -> is_dir
     parents: set[str] = set()  # every directory some entry lives under
     total = 0
+    count = 0  # every header, "./" ones included: tarfile keeps them all in memory
     try:
         for member in tar:
-            if len(out) >= max_members:
+            count += 1
+            if count > max_members:
                 raise ArchiveError(f"archive has more than {max_members} entries")
             name = normalize_member_path(member.name)
             if member.issym() or member.islnk():

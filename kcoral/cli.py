@@ -116,12 +116,17 @@ def exit_status(result: Any) -> int:
 
 def write_local_files(root: str, files: dict[str, bytes]) -> list[str]:
     """Write returned files under ``root`` (paths re-checked here: nothing escapes it)."""
-    from kcoral.archive import normalize_member_path
+    from kcoral.archive import ArchiveError, normalize_member_path
 
     written = []
     for rel, data in sorted(files.items()):
         norm = normalize_member_path(rel)
         target = os.path.join(root, *norm.split("/"))
+        current = root
+        for part in norm.split("/")[:-1]:  # never create or write under a link
+            current = os.path.join(current, part)
+            if os.path.islink(current):
+                raise ArchiveError(f"refusing to write {rel!r} through the symbolic link {current}")
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
         if os.path.islink(target):
             os.unlink(target)  # replace a link rather than write through it

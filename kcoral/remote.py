@@ -23,7 +23,8 @@ from .runners import bundle_source
 from .wire import Outcome
 
 # Set by the server for each worker; a client value would point the app at another GPU.
-REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES"})
+# CUDA_DEVICE_ORDER too: it changes which GPU an index in CUDA_VISIBLE_DEVICES names.
+REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
 MAX_TIMEOUT = 3600.0  # the protocol's ceiling; servers clamp larger values to it
 
 

@@ -80,6 +80,8 @@ def loads_strict(data: bytes | str) -> Any:
         raise
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise WireError("JSON nests too deeply") from None
 
 
 def dumps(obj: Any) -> bytes:

@@ -56,6 +56,10 @@ class SyncChannel:
         return header, [self._exact(k) for k in header.get("bin", [])]
 
 
+class FrameTooLarge(Exception):
+    """A worker announced attachments larger than the reader accepts."""
+
+
 class AsyncChannel:
     """Server side: asyncio streams over the parent's end of the socketpair."""
 
@@ -73,15 +77,21 @@ class AsyncChannel:
             self.writer.write(f)
         await self.writer.drain()
 
-    async def recv(self) -> tuple[dict[str, Any], list[bytes]]:
+    async def recv(self, max_bin_bytes: int | None = None) -> tuple[dict[str, Any], list[bytes]]:
+        """One frame; FrameTooLarge (before reading any attachment) when the attachments
+        the header announces exceed `max_bin_bytes`."""
         (n,) = _LEN.unpack(await self.reader.readexactly(4))
         if n > MAX_HEADER:
             raise ValueError("oversized channel header from worker")
         header = json.loads(await self.reader.readexactly(n))
         if not isinstance(header, dict):
             raise ValueError("malformed channel header from worker")
-        bins = header.get("bin", [])
-        return header, [await self.reader.readexactly(int(k)) for k in bins]
+        bins = [int(k) for k in header.get("bin", [])]
+        if any(k < 0 for k in bins):
+            raise ValueError("negative attachment length from worker")
+        if max_bin_bytes is not None and sum(bins) > max_bin_bytes:
+            raise FrameTooLarge()
+        return header, [await self.reader.readexactly(k) for k in bins]
 
     def close(self) -> None:
         try:

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blob-dir", help="parent folder of the blob cache (default: /dev/shm if roomy, else $TMPDIR)")
     p.add_argument("--work-dir", help="parent folder of request workspaces (default: /dev/shm if roomy, else $TMPDIR)")
     p.add_argument("--journal-retention", type=float, default=3600.0, help="seconds an outcome stays replayable (default 3600)")
+    p.add_argument("--journal-max-bytes", type=int, default=1 << 30,
+                   help="bytes of stored outcomes kept for replay; the oldest go first (default 1 GiB)")
     return p
 
 
@@ -78,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_queue=args.max_queue, queue_timeout_seconds=args.queue_timeout,
         blob_cache_bytes=args.blob_cache_bytes, blob_dir=args.blob_dir, work_dir=args.work_dir,
         journal_retention_seconds=args.journal_retention,
+        journal_max_bytes=args.journal_max_bytes,
     )
 
 

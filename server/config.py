@@ -26,4 +26,5 @@ class ServerConfig(BaseModel):
     blob_dir: str | None = None             # parent of the blob cache folder (default: /dev/shm if roomy)
     work_dir: str | None = None             # parent of request folders (default: /dev/shm if roomy, else $TMPDIR)
     journal_retention_seconds: float = Field(3600.0, gt=0)
+    journal_max_bytes: int = Field(1 << 30, gt=0)
     drain_timeout_seconds: float = Field(3900.0, gt=0)

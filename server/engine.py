@@ -9,6 +9,7 @@ import asyncio
 import datetime
 import os
 import shutil
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_mult
 from .blobs import BlobStore, default_blob_dir, memory_dir
 from .config import ServerConfig
 from .gpuinfo import detect_gpus, target_arch, versions
-from .holdout import HoldoutSalt
+from .holdout import SALT_FILE_NAME, HoldoutSalt
 from .journal import Journal, StoredResponse
 from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
 from .pool import WorkerPool, WorkerRun, WorkerSpec
@@ -70,7 +71,7 @@ class Engine:
         sweep_stale(work_parent, RUN_DIR_PREFIX)
         self.run_root = make_owned_dir(RUN_DIR_PREFIX, work_parent)
         self.blobs = BlobStore(default_blob_dir(config.blob_dir, self.run_root), config.blob_cache_bytes)
-        self.journal = Journal(config.state_dir, config.journal_retention_seconds)
+        self.journal = Journal(config.state_dir, config.journal_retention_seconds, config.journal_max_bytes)
         self.salt = HoldoutSalt.load(config.holdout_salt_file, config.state_dir)
         self.specs, gpu_ids, self.backend = self._plan()
         self.leases = LeaseScheduler(gpu_ids) if gpu_ids else None
@@ -103,9 +104,13 @@ class Engine:
 
     def _worker_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV and "HOLDOUT" not in k.upper()}
-        if self.config.holdout_salt_file:
-            salt_path = os.path.abspath(self.config.holdout_salt_file)
-            env = {k: v for k, v in env.items() if self.config.holdout_salt_file not in v and salt_path not in v}
+        # The salt file in every spelling: as given, absolute, links resolved; and the one
+        # generated into --state-dir.
+        salt_file = self.config.holdout_salt_file or (
+            os.path.join(self.config.state_dir, SALT_FILE_NAME) if self.config.state_dir else None)
+        if salt_file:
+            names = {salt_file, os.path.abspath(salt_file), os.path.realpath(salt_file)}
+            env = {k: v for k, v in env.items() if not any(n in v for n in names)}
         env.pop("CUDA_VISIBLE_DEVICES", None)
         return env
 
@@ -119,6 +124,9 @@ class Engine:
         """CUDA_VISIBLE_DEVICES is per worker, fixed before the worker imports CuPy."""
         env = dict(self._base_env)
         env["CUDA_VISIBLE_DEVICES"] = str(spec.gpu_id) if spec.backend == "gpu" else ""
+        # GPU ids are nvidia-smi's (PCI bus order); CUDA's default order is fastest first,
+        # which on a mixed host would make the index name another GPU.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["KCORAL_WORKER_ID"] = spec.worker_id
         return env
 
@@ -213,20 +221,25 @@ class Engine:
                 entry = self.journal.get(key)
                 if entry is not None:
                     if entry.program_hash != parsed.program_hash:
+                        self.blobs.trim()
                         return error_reply(400, "parse", "Idempotency-Key was already used for a different program", rid)
                     await entry.done.wait()
                     if entry.response is not None:
                         log.fields["replay"] = True
+                        self.blobs.trim()
                         return _replayed(entry.response)
                     continue  # the first attempt never ran: try ourselves
             missing = self.blobs.missing(referenced)
             if missing:
                 log.fields["status"] = "CACHE_MISS"
+                self.blobs.trim()  # nothing pins what this request sent: keep within capacity
+                missing = self.blobs.missing(referenced)
                 return Reply(200, dumps({"status": "CACHE_MISS", "request_id": rid, "missing_blobs": missing}),
                              headers={"X-Request-ID": rid})
             try:
                 self._check_cached_tensors(parsed)
             except WireError as exc:
+                self.blobs.trim()
                 return error_reply(400, "parse", str(exc), rid)
             self.blobs.pin(referenced)
             if key is not None:
@@ -428,8 +441,8 @@ def _instruction_info(program: ProgramSpec, index: int | None) -> tuple[str | No
 async def _read_output(path: str, limit: int) -> tuple[str, bool]:
     """Captured output; small files (the usual case) are read inline, big ones in a thread."""
     try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
+        size = os.lstat(path).st_size  # never through a link the program planted
+    except OSError:
         return "", False
     if min(size, limit) <= 1 << 16:
         return _read_capped(path, limit)
@@ -439,10 +452,17 @@ async def _read_output(path: str, limit: int) -> tuple[str, bool]:
 def _read_capped(path: str, limit: int) -> tuple[str, bool]:
     if limit <= 0:
         return "", False
+    # The program can replace these files (they sit next to its working directory): a
+    # link is not followed and a FIFO or device is not opened for blocking reads.
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data = f.read(limit)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return "", False
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return "", False
+    with open(fd, "rb") as f:
+        size = st.st_size
+        data = f.read(limit)
     return data.decode("utf-8", "replace"), size > limit

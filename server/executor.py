@@ -7,6 +7,7 @@ instruction index and every earlier result.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 import types
@@ -72,6 +73,42 @@ class _CaptureOutput:
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
 
 
+def _children() -> list[int]:
+    """This worker's child processes (orphans included: the worker is a subreaper)."""
+    pids: list[int] = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def _kill_children(rounds: int = 100) -> None:
+    """Kill and reap every process a finished program left behind, so none keeps running
+    (or holding the GPU) while the worker serves the next program. A killed process's own
+    children are re-parented to the worker, hence the rounds."""
+    for _ in range(rounds):
+        pids = _children()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
 def _error_kind(exc: BaseException) -> str:
     if isinstance(exc, ProgramFailure):
         return exc.kind
@@ -135,6 +172,7 @@ class Executor:
             os.environ.update(saved_env)
             self._forget_modules(saved_modules, work)
             self._free_device_memory()
+            _kill_children()
         self.chan.send({"t": "done", "status": status, "error": error, "recycle": self.recycle})
 
     def _run(self, job: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:

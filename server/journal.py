@@ -2,7 +2,9 @@
 
 In memory while the server runs; completed outcomes are also written under
 <state-dir>/journal so that a retry after a restart gets the first outcome. Entries
-expire after the retention window.
+expire after the retention window, and the oldest completed ones are dropped early when
+the stored bodies exceed a byte budget (so memory stays bounded; a retry of a dropped
+key runs the program again).
 """
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ class JournalEntry:
 
 
 class Journal:
-    def __init__(self, state_dir: str | None, retention_seconds: float) -> None:
+    def __init__(self, state_dir: str | None, retention_seconds: float, max_bytes: int = 1 << 30) -> None:
         self.retention = retention_seconds
+        self.max_bytes = max_bytes
+        self._bytes = 0  # sum of the stored response bodies
         self._entries: dict[str, JournalEntry] = {}
         self._dir = os.path.join(state_dir, "journal") if state_dir else None
         if self._dir:
@@ -69,6 +73,8 @@ class Journal:
                                  StoredResponse(meta["status_code"], meta["headers"], body))
             entry.done.set()
             self._entries[meta["key"]] = entry
+            self._bytes += len(body)
+        self._evict()
 
     def _persist(self, key: str, entry: JournalEntry) -> None:
         assert self._dir is not None and entry.response is not None
@@ -83,17 +89,36 @@ class Journal:
             os.replace(tmp, base + suffix)
 
     # ------------------------------------------------------------------ API
+    def _drop(self, key: str) -> None:
+        entry = self._entries.pop(key)
+        if entry.response is not None:
+            self._bytes -= len(entry.response.body)
+        if self._dir:
+            for suffix in (".json", ".body"):
+                try:
+                    os.unlink(self._file(key) + suffix)
+                except OSError:
+                    pass
+
+    def _evict(self, keep: str | None = None) -> None:
+        """Drop the oldest completed outcomes (never `keep`) until under the byte budget."""
+        if self._bytes <= self.max_bytes:
+            return
+        done = sorted((e.created, k) for k, e in self._entries.items() if e.response is not None and k != keep)
+        for _, key in done:
+            if self._bytes <= self.max_bytes:
+                break
+            self._drop(key)
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._bytes
+
     def prune(self) -> None:
         cutoff = time.time() - self.retention
         for key, entry in list(self._entries.items()):
             if entry.response is not None and entry.created < cutoff:
-                del self._entries[key]
-                if self._dir:
-                    for suffix in (".json", ".body"):
-                        try:
-                            os.unlink(self._file(key) + suffix)
-                        except OSError:
-                            pass
+                self._drop(key)
 
     def get(self, key: str) -> JournalEntry | None:
         entry = self._entries.get(key)
@@ -112,8 +137,10 @@ class Journal:
         if entry is None:
             return
         entry.response = response
+        self._bytes += len(response.body)
         entry.done.set()
-        if self._dir:
+        self._evict(keep=key)
+        if self._dir and key in self._entries:
             await asyncio.to_thread(self._persist, key, entry)
 
     def abandon(self, key: str) -> None:

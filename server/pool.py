@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .channel import AsyncChannel
+from .builtins import MAX_HOLDOUT_SEEDS
+from .channel import AsyncChannel, FrameTooLarge
 from .reqlog import log_event
 from .scheduler import LeaseScheduler
 
@@ -133,7 +134,11 @@ class WorkerHandle:
         async def converse() -> None:
             await chan.send(job)
             while True:
-                msg, bins = await chan.recv()
+                try:
+                    msg, bins = await chan.recv(max_part_bytes - res.part_bytes)
+                except FrameTooLarge:  # refused from the header: nothing is buffered
+                    res.too_large = True
+                    raise _TooLarge() from None
                 t = msg.get("t")
                 if t == "step":
                     res.index = int(msg["i"])
@@ -158,8 +163,16 @@ class WorkerHandle:
                 elif t == "release":
                     release()
                 elif t == "seeds":
+                    # Program code can write to this channel itself, bypassing the builtin's
+                    # checks: an unbounded count would stall the event loop (and eat memory).
+                    namespace, count = msg.get("namespace"), msg.get("count")
+                    if (not isinstance(namespace, str) or not namespace or isinstance(count, bool)
+                            or not isinstance(count, int) or not 0 <= count <= MAX_HOLDOUT_SEEDS):
+                        await chan.send({"t": "seeds_err", "message": "holdout_seeds: namespace must be a "
+                                         f"non-empty string and count an integer in [0, {MAX_HOLDOUT_SEEDS}]"})
+                        continue
                     try:
-                        values = seeds(str(msg["namespace"]), int(msg["count"]))
+                        values = seeds(namespace, count)
                         await chan.send({"t": "seeds_ok", "seeds": values})
                     except Exception as exc:  # noqa: BLE001
                         await chan.send({"t": "seeds_err", "message": str(exc)})

@@ -24,6 +24,16 @@ def _die_with_parent() -> None:
         pass
 
 
+def _become_subreaper() -> None:
+    """Orphans of a program's processes (double forks, setsid daemons) are re-parented to
+    this worker instead of init, so the executor can kill them after the program."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    except Exception:  # noqa: BLE001 - not Linux: only direct children are found
+        pass
+
+
 def _init_gpu() -> None:
     """Create the CUDA context now, so CUDA_VISIBLE_DEVICES (set by the server) is final:
     a program that edits the variable later cannot reach another GPU from this process."""
@@ -50,6 +60,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=["cpu", "virtual", "gpu"], required=True)
     args = parser.parse_args()
     _die_with_parent()
+    _become_subreaper()
     faulthandler.enable()  # a crash prints the Python stack into the request's stderr
     if args.backend == "gpu":
         _init_gpu()

@@ -15,6 +15,7 @@ import glob
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,8 @@ except NameError:  # imported as a normal module (tests, local use)
     from kcoral import iket as _iket
 
 # Never taken from the client: the server assigns the GPU through its own environment.
-REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES"})
+# CUDA_DEVICE_ORDER too: it changes which GPU an index in CUDA_VISIBLE_DEVICES names.
+REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
 DEFAULT_OUTPUT_CAP = 4 << 20  # bytes of stdout and of stderr kept per run
 DEFAULT_FILES_CAP = 512 << 20  # bytes of collected output files per run
 KILL_GRACE_S = 3.0
@@ -201,15 +203,45 @@ def _collect(run_dir: str, wanted: list[str], cap: int) -> dict:
             items = [rel]
         for item in sorted(items):
             p = os.path.join(run_dir, *item.split("/"))
-            if os.path.islink(p) or not os.path.isfile(p):
+            fd = None if os.path.islink(p) else _open_regular(run_dir, item)
+            if fd is None:
                 refused.append(item)
                 continue
-            total += os.path.getsize(p)
-            if total > cap:
-                raise RunnerError(f"output files exceed the limit of {cap} bytes at {item!r}")
-            with open(p, "rb") as fh:
+            with os.fdopen(fd, "rb") as fh:
+                total += os.fstat(fh.fileno()).st_size
+                if total > cap:
+                    raise RunnerError(f"output files exceed the limit of {cap} bytes at {item!r}")
                 files[item] = fh.read()
     return {"files": files, "missing": missing, "refused": refused}
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+
+
+def _open_regular(run_dir: str, rel: str) -> int | None:
+    """An fd for the regular file run_dir/rel, opened one component at a time without
+    following links (the app's leftover children may swap a checked path for a link),
+    or None when any component is a link or the file is not regular."""
+    parts = rel.split("/")
+    try:
+        dfd = os.open(run_dir, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        for part in parts[:-1]:
+            nfd = os.open(part, _DIR_FLAGS, dir_fd=dfd)
+            os.close(dfd)
+            dfd = nfd
+        fd = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 class _Workspace:

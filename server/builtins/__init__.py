@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+MAX_HOLDOUT_SEEDS = 100_000  # per call; the server checks it again (workers run program code)
+
 
 class BuiltinContext(Protocol):
     def holdout_seeds(self, namespace: str, count: int) -> list[int]: ...
@@ -45,6 +47,6 @@ def load(backend: str, ctx: BuiltinContext) -> dict[str, Builtin]:
 def _seeds(ctx: BuiltinContext, namespace: Any, count: Any) -> list[int]:
     if not isinstance(namespace, str) or not namespace:
         raise TypeError("holdout_seeds(namespace, count): namespace must be a non-empty string")
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 100_000:
-        raise TypeError("holdout_seeds(namespace, count): count must be an integer in [0, 100000]")
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_HOLDOUT_SEEDS:
+        raise TypeError(f"holdout_seeds(namespace, count): count must be an integer in [0, {MAX_HOLDOUT_SEEDS}]")
     return ctx.holdout_seeds(namespace, count)

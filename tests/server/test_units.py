@@ -63,6 +63,26 @@ def test_journal_replays_then_expires(tmp_path) -> None:
     asyncio.run(scenario())
 
 
+def test_journal_keeps_its_bodies_under_the_byte_budget(tmp_path) -> None:
+    async def scenario() -> None:
+        j = Journal(str(tmp_path), retention_seconds=3600, max_bytes=250)
+        for i in range(4):  # 4 x 100 bytes into a 250-byte budget
+            j.begin(f"k{i}", "hash")
+            await j.finish(f"k{i}", StoredResponse(200, {}, bytes(100)))
+            time.sleep(0.001)  # distinct creation times: eviction is oldest first
+        assert j.stored_bytes <= 250
+        assert j.get("k0") is None and j.get("k1") is None
+        assert j.get("k3") is not None and j.get("k3").response.body == bytes(100)
+        reloaded = Journal(str(tmp_path), retention_seconds=3600, max_bytes=250)  # dropped on disk too
+        assert reloaded.get("k0") is None and reloaded.get("k3") is not None
+        big = Journal(str(tmp_path / "big"), retention_seconds=3600, max_bytes=10)
+        big.begin("huge", "hash")
+        await big.finish("huge", StoredResponse(200, {}, bytes(50)))  # larger than the budget alone
+        assert big.get("huge") is not None  # the outcome just produced is always kept
+
+    asyncio.run(scenario())
+
+
 def test_leases_are_fifo_and_exclusive() -> None:
     async def scenario() -> list[str]:
         s = LeaseScheduler([0])

@@ -10,13 +10,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 
 LOG_LIMIT = 64 * 1024  # bytes of the judge's stderr (candidate prints included) kept
-MAX_ARCHIVE_BYTES = 1 << 30
+MAX_ARCHIVE_BYTES = 1 << 30  # of the archive, and of the file contents it unpacks to
+MAX_MEMBERS = 100_000
 # Environment variables the judge's subprocess never gets, whatever the worker has.
 PRIVATE_ENV_PREFIXES = ("KCORAL_HOLDOUT", "KCORAL_TOKEN", "KCORAL_SALT")
 
@@ -40,8 +42,12 @@ def unpack(archive: bytes, dest: str) -> list[str]:
     if len(archive) > MAX_ARCHIVE_BYTES:
         raise UnpackError("archive too large")
     written = []
+    total = count = 0
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tar:
         for member in tar:
+            count += 1
+            if count > MAX_MEMBERS:
+                raise UnpackError(f"archive has more than {MAX_MEMBERS} entries")
             rel = _member_path(member.name)
             if member.issym() or member.islnk():
                 raise UnpackError(f"refused link in archive: {member.name!r}")
@@ -49,6 +55,10 @@ def unpack(archive: bytes, dest: str) -> list[str]:
                 raise UnpackError(f"refused special entry in archive: {member.name!r}")
             if rel == "":
                 continue
+            if member.isreg():
+                total += member.size  # a small compressed archive can unpack to a huge tree
+                if total > MAX_ARCHIVE_BYTES:
+                    raise UnpackError("archive too large once unpacked")
             target = os.path.join(dest, *rel.split("/"))
             # Every existing component must be a real directory, never a link.
             probe = dest
@@ -77,10 +87,49 @@ def _env() -> dict:
     return env
 
 
+def _descendants(root: int) -> list:
+    """Every live descendant of `root` (Linux /proc; none found elsewhere)."""
+    children = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def _kill_tree(proc) -> None:
+    for pid in [proc.pid] + _descendants(proc.pid):
+        try:
+            os.kill(pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def bench(archive: bytes, seeds, options: dict) -> dict:
     options = dict(options or {})
     timeout = float(options.get("timeout_s", 1500))
     root = tempfile.mkdtemp(prefix="bench-", dir=os.getcwd())
+    try:  # removed in every case: a stock server may reuse its working directory
+        return _bench_in(root, archive, seeds, options, timeout)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _bench_in(root: str, archive: bytes, seeds, options: dict, timeout: float) -> dict:
     try:
         unpack(bytes(archive), root)
     except (UnpackError, tarfile.TarError, OSError) as exc:
@@ -96,20 +145,23 @@ def bench(archive: bytes, seeds, options: dict) -> dict:
         "candidate_name": options.get("candidate_name", "candidate"),
         "against_name": options.get("against_name"),
     }
+    # The judge stays in the worker's process group: when the server kills a timed-out
+    # worker's group, the judge and everything the candidate started die with it.
     proc = subprocess.Popen(
         [sys.executable, "-m", "judge", root], cwd=root, env=_env(),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     timed_out = False
     try:
         out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
+        _kill_tree(proc)  # the judge and anything the candidate started
         try:
-            os.killpg(proc.pid, 9)  # the judge and anything the candidate started
-        except OSError:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # an escaped grandchild still holds the pipes
             proc.kill()
-        out, err = proc.communicate()
+            out, err = b"", b""
     report = None
     runner_error = ""
     if out.strip():
