@@ -5,14 +5,14 @@ config file's folder (configs in `configs/` say `root = ".."`, the repository ro
 """
 from __future__ import annotations
 
-import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evolve.families import Family, Value, load_family
+from evolve.tomlfile import load_toml_model
 
 STAGES = ("check", "gputest", "iket", "ncu", "bench")
 
@@ -180,15 +180,7 @@ def load_config(path: str | Path) -> RunConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config {path} not found")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    try:
-        cfg = RunConfig.model_validate(raw)
-    except ValidationError as exc:
-        reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{path}: {reasons}") from None
+    cfg = load_toml_model(path, RunConfig, ConfigError, root="config")
     cfg.base_dir = path.resolve().parent
     if not cfg.workload_dir.is_dir():
         raise ConfigError(f"{path}: workload folder {cfg.workload_dir} not found")

@@ -10,12 +10,13 @@ import ast
 import itertools
 import operator
 import random
-import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from evolve.tomlfile import load_toml_model
 
 
 FAMILY_FILE = "family.toml"
@@ -434,19 +435,7 @@ def load_family(directory: str | Path) -> Family:
     path = directory / FAMILY_FILE
     if not path.is_file():
         raise FamilyError(f"no {FAMILY_FILE} in {directory}")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise FamilyError(f"{path}: {exc}") from None
-    try:
-        spec = FamilySpec.model_validate(raw)
-    except ValidationError as exc:
-        raise FamilyError(f"{path}: {_describe(exc)}") from None
-    return Family(spec, directory.resolve())
-
-
-def _describe(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}" for e in exc.errors())
+    return Family(load_toml_model(path, FamilySpec, FamilyError), directory.resolve())
 
 
 def canonical_params(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -26,6 +26,17 @@ class PtxasReport:
     static_smem: int
 
 
+def cupy_or_skip():
+    """CuPy with a CUDA device, or skip the calling GPU test module."""
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device", allow_module_level=True)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device", allow_module_level=True)
+    return cupy
+
+
 def parse_ptxas(text: str, kernel: str) -> PtxasReport:
     """Resource lines of `kernel` from `-Xptxas -v` output."""
     start = text.index(f"Compiling entry function '{kernel}'")

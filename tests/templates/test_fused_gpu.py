@@ -10,16 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import REPO, TEMPLATES
+from .conftest import REPO, TEMPLATES, cupy_or_skip
 from .test_chunked_math import recurrence
 
 pytestmark = pytest.mark.gpu
-cupy = pytest.importorskip("cupy")
-try:
-    if cupy.cuda.runtime.getDeviceCount() < 1:
-        pytest.skip("no CUDA device", allow_module_level=True)
-except cupy.cuda.runtime.CUDARuntimeError:
-    pytest.skip("no CUDA device", allow_module_level=True)
+cupy = cupy_or_skip()
 
 sys.path.insert(0, str(TEMPLATES / "common"))
 import iket_host  # noqa: E402
