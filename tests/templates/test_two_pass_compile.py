@@ -9,18 +9,19 @@ from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_p
 # (overrides, register bound for the state kernel); the prep kernel is capped at 128
 # registers by its launch bounds (two CTAs of 256 threads per SM), at 80 with
 # prep_smem = "lean" (three CTAs per SM).
+CTA = {"state_step": "cta", "prep_smem": "full", "stages": 1}   # the first measured design
 POINTS = [
-    ({}, 255),
-    ({"v_block": 64, "state_warps": 4}, 255),
-    ({"v_block": 32, "state_warps": 8}, 200),
-    ({"v_block": 64, "stages": 2}, 255),
-    # not yet run on a GPU: the warp-local state step and the lean prep
-    ({"state_step": "warp_local", "stages": 2}, 255),
-    ({"state_step": "warp_local", "stages": 1}, 255),
+    ({}, 255),   # the defaults: warp-local state step, lean prep, two ring slots
+    (CTA, 255),
+    ({**CTA, "v_block": 64, "state_warps": 4}, 255),
+    ({**CTA, "v_block": 32, "state_warps": 8}, 200),
+    ({**CTA, "v_block": 64, "stages": 2}, 255),
+    ({**CTA, "stages": 2}, 255),
+    ({"prep_smem": "full"}, 255),
+    ({"state_step": "warp_local", "prep_smem": "full", "stages": 1}, 255),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1}, 255),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 2}, 255),
-    ({"prep_smem": "lean"}, 255),
-    ({"prep_smem": "lean", "state_step": "warp_local", "stages": 2}, 255),
+    ({**CTA, "prep_smem": "lean"}, 255),
 ]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
@@ -34,7 +35,7 @@ def test_family_loads_and_defaults_are_admitted():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"v_block": 128, "state_warps": 4}, "64 fp32 registers"),
+    ({**CTA, "v_block": 128, "state_warps": 4}, "64 fp32 registers"),
     ({"chunk": 32}, "chunk"),
     ({"state_step": "warp_local", "v_block": 32, "state_warps": 8}, "16 value rows"),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 8}, "16 value rows"),

@@ -39,12 +39,12 @@ def _host(data, name):
 
 
 @pytest.mark.parametrize("overrides", [
-    {}, {"v_block": 64, "state_warps": 4},
-    # not yet run on a GPU (emulated on the CPU only): warp-local state step, lean prep
-    {"state_step": "warp_local", "stages": 2},
+    {},   # the defaults: warp-local state step, lean prep, two ring slots
+    {"state_step": "cta", "prep_smem": "full", "stages": 1},
+    {"state_step": "cta", "prep_smem": "full", "stages": 1, "v_block": 64, "state_warps": 4},
+    {"prep_smem": "full"},
     {"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1},
-    {"prep_smem": "lean"},
-    {"prep_smem": "lean", "state_step": "warp_local", "stages": 2},
+    {"state_step": "cta", "prep_smem": "lean", "stages": 1},
 ])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
@@ -72,7 +72,7 @@ def test_matches_float64_recurrence(render_point, overrides, B, T):
 
 
 def test_iket_dump_matches_launch(render_point, tmp_path, monkeypatch):
-    cand, _ = render_point("two_pass", v_block=64, state_warps=4)
+    cand, _ = render_point("two_pass", v_block=64, state_warps=4, state_step="cta")
     monkeypatch.setenv("IKET", "1")
     monkeypatch.setenv("IKET_OUT", str(tmp_path))
     T, H = 130, 2
