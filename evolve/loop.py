@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from evolve.config import RunConfig
 from evolve.families import Family
+from evolve.leaseclock import LeaseClock
 from evolve.paths import display_path
 from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
 from evolve.population import Candidate, NewCandidate, Population, Run
@@ -52,6 +53,7 @@ class RunSummary(BaseModel):
     best_candidate_id: int | None
     best_speedup: float | None
     stopped_because: str
+    gpu_busy: float | None = None     # lease-held fraction of the run's wall time per server GPU
     resumed_from: int | None = None
     retried: list[int] = Field(default_factory=list)   # evaluation ids retried on resume
 
@@ -70,8 +72,11 @@ def server_concurrency(health: dict) -> int:
 class Progress:
     """One status line: redrawn in place on a terminal, periodic lines otherwise."""
 
-    def __init__(self, stream: TextIO, gpu_slots: int, interval_s: float = 5.0, has_gpu: bool = True):
+    def __init__(self, stream: TextIO, gpu_slots: int, interval_s: float = 5.0, has_gpu: bool = True,
+                 lease_clock: LeaseClock | None = None):
         self.stream = stream
+        self.lease_clock = lease_clock
+        self.gpu_busy: float | None = None   # the latest lease-held fraction the server reported
         self.has_gpu = has_gpu
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.gpu_slots = gpu_slots
@@ -80,7 +85,9 @@ class Progress:
 
     def line(self, stats: RunStats) -> str:
         wall = time.monotonic() - stats.started_at
-        busy = stats.lease_held_ms / (wall * 1000.0 * self.gpu_slots) if wall > 0 else 0.0
+        busy = self.gpu_busy
+        if busy is None:   # a server that does not report lease time: finished stages only
+            busy = stats.lease_held_ms / (wall * 1000.0 * self.gpu_slots) if wall > 0 else 0.0
         fails = " ".join(f"{k}={v}" for k, v in sorted(stats.failures.items())) or "none"
         best = "-" if stats.best_speedup is None else (
             f"{stats.best_ms:.4f} ms {stats.best_speedup:.3f}x" if stats.best_ms else f"{stats.best_speedup:.3f}x")
@@ -94,6 +101,8 @@ class Progress:
         if not force and now - self._last < self.interval_s:
             return
         self._last = now
+        if self.lease_clock is not None and self.has_gpu:
+            self.gpu_busy = self.lease_clock.sample()
         text = self.line(stats)
         if self.tty:
             self.stream.write("\r" + text + "\x1b[K")
@@ -203,8 +212,10 @@ class SearchLoop:
         promoter = Promoter(ctx, cfg.promotion)
         strategy = make_strategy(cfg.strategy, families)
         rng = random.Random(f"{cfg.strategy.seed}:{run_id}")
+        lease_clock = LeaseClock(self.client.health)
+        lease_clock.start(health)
         progress = Progress(self.stream, slots, self.progress_interval_s,
-                            has_gpu=int(health.get("gpu_count") or 0) > 0)
+                            has_gpu=int(health.get("gpu_count") or 0) > 0, lease_clock=lease_clock)
 
         tried: set = set()
         submitted: set[int] = set()
@@ -316,7 +327,8 @@ class SearchLoop:
         return RunSummary(run_id=run_id, workload_id=workload_id, evaluated=stats.evaluated, passed=stats.passed,
                           failures=dict(stats.failures), promotions=stats.promotions,
                           best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup,
-                          stopped_because=stopped, resumed_from=prev.id if prev else None, retried=retried)
+                          stopped_because=stopped, resumed_from=prev.id if prev else None, retried=retried,
+                          gpu_busy=lease_clock.sample() if progress.has_gpu else None)
 
     # ---- helpers -----------------------------------------------------------------------
     def _deadline(self, started: float) -> float | None:

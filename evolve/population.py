@@ -50,6 +50,7 @@ from evolve.db.records import (
     Promotion,
     Run,
     RunState,
+    RunThroughput,
     StageResult,
     StatusCount,
     Workload,
@@ -542,6 +543,22 @@ class Population:
             )
         with self.db.read() as s:
             return [EvaluationSummary(*row) for row in s.connection().execute(query)]
+
+    def run_throughput(self, run: Run) -> RunThroughput:
+        """Finished stages and bench verdicts of one run, per its wall time (to its end, or
+        to its last heartbeat while it runs or after it died)."""
+        E = EvaluationModel
+        finished = and_(E.run_id == run.id, E.status != "running")
+        query = select(
+            func.count(),
+            func.count(func.distinct(E.candidate_id)).filter(E.stage == RANKED_STAGE),
+            func.coalesce(func.sum(E.lease_held_ms), 0.0),
+        ).where(finished)
+        with self.db.read() as s:
+            stages, benched, lease_ms = s.execute(query).one()
+        end = run.ended_at or run.heartbeat_at
+        return RunThroughput(run_id=run.id, wall_s=max(0.0, (end - run.started_at).total_seconds()),
+                             stages=int(stages), benched=int(benched), lease_held_s=float(lease_ms) / 1000.0)
 
     def status_counts(self, workload_id: int | None = None) -> list[StatusCount]:
         """How many evaluations per (stage, status, failure kind)."""

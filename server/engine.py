@@ -158,7 +158,10 @@ class Engine:
             "virtual_gpus": self.backend == "virtual",
             "target": self.target,
             "versions": self.versions,
-            "gpus": [{"gpu_id": g, "lease_depth": self.leases.depth(g) if self.leases else 0} for g in self.gpu_ids],
+            "gpus": [{"gpu_id": g,
+                      "lease_depth": self.leases.depth(g) if self.leases else 0,
+                      "lease_held_s": round(self.leases.held_seconds(g), 3) if self.leases else 0.0}
+                     for g in self.gpu_ids],
             "workers": self.pool.describe(),
             "blob_cache": {"blobs": len(self.blobs), "bytes": self.blobs.used_bytes, "capacity": self.blobs.capacity},
         }

@@ -79,5 +79,7 @@ def main(args: argparse.Namespace) -> int:
         return 130
     print(f"run {summary.run_id}: {summary.evaluated} evaluated, {summary.passed} passed, "
           f"{summary.promotions} promoted; stopped: {summary.stopped_because}")
+    if summary.gpu_busy is not None:
+        print(f"GPU lease held {summary.gpu_busy:.0%} of the run's wall time (the server's count, per GPU)")
     print(format_table(pop.leaderboard(summary.workload_id)))
     return 0

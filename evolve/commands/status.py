@@ -36,6 +36,13 @@ def render_status(pop: Population, workload_id: int | None = None) -> str:
             f"  run {run.id} {names.get(run.workload_id, run.workload_id)} {run.strategy}: {state}, "
             f"heartbeat {heartbeat} ago, {run.host}:{run.pid}, started {run.started_at:%Y-%m-%d %H:%M}Z"
         )
+        tp = pop.run_throughput(run)
+        if tp.stages:
+            lines.append(
+                f"    {tp.benched} candidate(s) benched and {tp.stages} stage(s) finished in {_age(tp.wall_s)}: "
+                f"{tp.benched_per_hour:.0f} candidates/h, {tp.stages_per_hour:.0f} stages/h, "
+                f"GPU lease held by its finished stages {tp.lease_held_s:.0f} s"
+            )
 
     lines.append("evaluations:")
     counts = pop.status_counts(workload_id)

@@ -207,6 +207,24 @@ class StatusCount(_Snapshot):
     count: int
 
 
+class RunThroughput(_Snapshot):
+    """What one run got through: finished stages, candidates that reached a bench verdict,
+    and the GPU lease its stages held, over the run's wall time so far."""
+    run_id: int
+    wall_s: float
+    stages: int
+    benched: int
+    lease_held_s: float
+
+    @property
+    def benched_per_hour(self) -> float:
+        return self.benched * 3600.0 / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def stages_per_hour(self) -> float:
+        return self.stages * 3600.0 / self.wall_s if self.wall_s > 0 else 0.0
+
+
 class EvaluationSummary(NamedTuple):
     """The columns of an evaluation that progress plots and timing tables need, without
     metrics and messages: a tuple, so reading 100k of them stays cheap."""

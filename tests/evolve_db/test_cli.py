@@ -122,6 +122,8 @@ def test_status_and_report_commands(demo: tuple[Path, dict[str, int]], cli) -> N
     status = evolve(cwd, "status")
     assert status.returncode == 0, status.stderr
     assert "failed/compile=1" in status.stdout
+    assert "3 candidate(s) benched and 10 stage(s) finished" in status.stdout
+    assert "GPU lease held by its finished stages 3 s" in status.stdout
     assert f"candidate {ids['fast']}" in status.stdout.split("confirmed best:")[1]
     report = cli("report", "--out", "r.html", "--workload", "forward_cpu_small")
     assert report.returncode == 0, report.stderr

@@ -215,3 +215,24 @@ def test_claim_index_rejects_a_second_live_row(pop: Population, workload: int) -
         s.execute(insert, {"c": cid, "s": "confirm", "a": 7})
     assert len(pop.evaluations(cid, stage="bench")) == 1
     assert len(pop.evaluations(cid, stage="confirm")) == 2
+
+
+def test_run_throughput_counts_finished_stages_of_that_run(pop: Population, workload: int) -> None:
+    from .conftest import populate
+
+    ids = populate(pop, workload)
+    other = pop.start_run(workload, {}, "random")   # a second run's work is not counted
+    cand = make_candidate(pop, workload, "elsewhere", run_id=other)
+    ev = pop.begin_stage(cand, "check", run_id=other)
+    assert ev is not None
+    # the first run lasted ten minutes
+    with pop.db.write() as s:
+        s.execute(update(RunModel).where(RunModel.id == ids["run"]).values(
+            started_at=utcnow() - timedelta(minutes=10), heartbeat_at=utcnow()))
+    run = next(r for r in pop.runs(workload) if r.id == ids["run"])
+    tp = pop.run_throughput(run)
+    assert (tp.stages, tp.benched) == (10, 3)
+    assert abs(tp.lease_held_s - 2.7) < 1e-9
+    assert abs(tp.wall_s - 600) < 5 and abs(tp.benched_per_hour - 18) < 0.2
+    running = next(r for r in pop.runs(workload) if r.id == other)
+    assert pop.run_throughput(running).stages == 0   # its one stage is still running

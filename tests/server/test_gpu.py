@@ -38,7 +38,8 @@ def gpu_server():
 
 def test_health_reports_the_gpu(gpu_server) -> None:
     h = gpu_server.health()
-    assert h["gpu_count"] == 1 and h["gpus"] == [{"gpu_id": 0, "lease_depth": 0}]
+    assert h["gpu_count"] == 1 and [(g["gpu_id"], g["lease_depth"]) for g in h["gpus"]] == [(0, 0)]
+    assert 0 <= h["gpus"][0]["lease_held_s"] <= h["uptime_seconds"]
     assert h["target"].get("arch", "").startswith("sm_")
 
 

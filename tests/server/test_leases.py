@@ -99,7 +99,7 @@ def test_cpu_only_run_releases_the_lease(vgpu_server, tmp_path) -> None:
     assert outs[0].lease_wait_ms < 300 and outs[0].lease_held_ms >= 350
 
 
-def test_health_reports_lease_depth_and_workers(vgpu_server, tmp_path) -> None:
+def test_health_reports_lease_depth_time_held_and_workers(vgpu_server, tmp_path) -> None:
     log = tmp_path / "i.jsonl"
     t = threading.Thread(target=_run_concurrently, args=(vgpu_server.url, [_program(str(log), f"h{i}", 0.8) for i in range(2)]))
     t.start()
@@ -112,6 +112,8 @@ def test_health_reports_lease_depth_and_workers(vgpu_server, tmp_path) -> None:
     t.join()
     h = vgpu_server.health()
     assert depth == 2
+    # both programs held the lease for their 0.8 s sleeps, one after the other
+    assert 1.6 <= h["gpus"][0]["lease_held_s"] <= h["uptime_seconds"]
     assert h["gpu_count"] == 1 and h["virtual_gpus"] is True
     assert [w["gpu_id"] for w in h["workers"]] == [0, 0, 0]
     assert h["gpus"][0]["lease_depth"] == 0
