@@ -110,7 +110,11 @@ class Progress:
             self.stream.write(text + "\n")
         self.stream.flush()
 
-    def close(self, stats: RunStats) -> None:
+    def close(self, stats: RunStats, sample: bool = True) -> None:
+        """The last line; `sample=False` keeps the last GPU-busy figure (no server call,
+        for an interrupted run whose user is waiting)."""
+        if not sample:
+            self.lease_clock = None
         self.update(stats, force=True)
         if self.tty:
             self.stream.write("\n")
@@ -144,7 +148,7 @@ class SearchLoop:
                 jobs.setdefault(ev.candidate_id, Job(candidate_id=ev.candidate_id)).retry_of[ev.stage] = ev.id
                 retried.append(ev.id)
         if prev.state == "running":
-            self.pop.finish_run(prev.id, "interrupted")
+            self.pop.finish_run(prev.id, "interrupted", dead=True)
         best = self.pop.best(prev.workload_id)
         best_speedup = self.pop.bench_speedup(best.candidate_id) if best else None
         for cand in self.pop.candidates(prev.workload_id):
@@ -212,7 +216,7 @@ class SearchLoop:
         promoter = Promoter(ctx, cfg.promotion)
         strategy = make_strategy(cfg.strategy, families)
         rng = random.Random(f"{cfg.strategy.seed}:{run_id}")
-        lease_clock = LeaseClock(self.client.health)
+        lease_clock = LeaseClock(lambda: self.client.health(retry=False, timeout_s=2.0))
         lease_clock.start(health)
         progress = Progress(self.stream, slots, self.progress_interval_s,
                             has_gpu=int(health.get("gpu_count") or 0) > 0, lease_clock=lease_clock)
@@ -303,7 +307,7 @@ class SearchLoop:
             self.cancel.set()
             # Marked first: if the user abandons the stages in flight, --resume retries them.
             self.pop.finish_run(run_id, "interrupted")
-            progress.close(stats)
+            progress.close(stats, sample=False)
             if futures:
                 self.stream.write(f"evolve: interrupted; finishing {len(futures)} stage(s) in flight "
                                   "(interrupt again to abandon them; --resume retries them)\n")

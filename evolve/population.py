@@ -192,16 +192,23 @@ class Population:
             )
             return result.rowcount == 1  # type: ignore[attr-defined]
 
-    def finish_run(self, run_id: int, state: RunState) -> bool:
-        """running -> `state` (compare-and-set); False if the run was not running."""
+    def finish_run(self, run_id: int, state: RunState, *, dead: bool = False) -> bool:
+        """running -> `state` (compare-and-set); False if the run was not running.
+
+        `dead`: the run's process is gone (found on resume): it ended at its last
+        heartbeat, not now, so its wall time does not include the time it lay dead."""
         if state == "running":
             raise ValueError("finish_run needs a final state: finished, failed or interrupted")
         with self.db.write() as s:
             now = utcnow()
+            values: dict[str, Any] = (
+                {"state": state, "ended_at": RunModel.heartbeat_at} if dead
+                else {"state": state, "ended_at": now, "heartbeat_at": now}
+            )
             result = s.execute(
                 update(RunModel)
                 .where(RunModel.id == run_id, RunModel.state == "running")
-                .values(state=state, ended_at=now, heartbeat_at=now)
+                .values(**values)
             )
             return result.rowcount == 1  # type: ignore[attr-defined]
 
@@ -544,21 +551,37 @@ class Population:
         with self.db.read() as s:
             return [EvaluationSummary(*row) for row in s.connection().execute(query)]
 
-    def run_throughput(self, run: Run) -> RunThroughput:
-        """Finished stages and bench verdicts of one run, per its wall time (to its end, or
-        to its last heartbeat while it runs or after it died)."""
+    def run_throughputs(self, runs: Sequence[Run]) -> dict[int, RunThroughput]:
+        """Per run: its finished stages (passed or failed), the candidates it brought to a bench
+        verdict and the lease time they held, over its wall time (to its end, or to its last
+        heartbeat while it runs or after it died). One query for all the runs."""
         E = EvaluationModel
-        finished = and_(E.run_id == run.id, E.status != "running")
-        query = select(
-            func.count(),
-            func.count(func.distinct(E.candidate_id)).filter(E.stage == RANKED_STAGE),
-            func.coalesce(func.sum(E.lease_held_ms), 0.0),
-        ).where(finished)
-        with self.db.read() as s:
-            stages, benched, lease_ms = s.execute(query).one()
-        end = run.ended_at or run.heartbeat_at
-        return RunThroughput(run_id=run.id, wall_s=max(0.0, (end - run.started_at).total_seconds()),
-                             stages=int(stages), benched=int(benched), lease_held_s=float(lease_ms) / 1000.0)
+        ids = [r.id for r in runs]
+        counts: dict[int, tuple[int, int, float]] = {}
+        if ids:
+            query = (
+                select(
+                    E.run_id,
+                    func.count(),
+                    func.count(func.distinct(E.candidate_id)).filter(E.stage == RANKED_STAGE),
+                    func.coalesce(func.sum(E.lease_held_ms), 0.0),
+                )
+                .where(E.run_id.in_(ids), E.status.in_(("passed", "failed")))
+                .group_by(E.run_id)
+            )
+            with self.db.read() as s:
+                counts = {rid: (n, b, ms) for rid, n, b, ms in s.execute(query).all()}
+        out = {}
+        for run in runs:
+            stages, benched, lease_ms = counts.get(run.id, (0, 0, 0.0))
+            end = run.ended_at or run.heartbeat_at
+            out[run.id] = RunThroughput(
+                run_id=run.id, wall_s=max(0.0, (end - run.started_at).total_seconds()),
+                stages=int(stages), benched=int(benched), lease_held_s=float(lease_ms) / 1000.0)
+        return out
+
+    def run_throughput(self, run: Run) -> RunThroughput:
+        return self.run_throughputs([run])[run.id]
 
     def status_counts(self, workload_id: int | None = None) -> list[StatusCount]:
         """How many evaluations per (stage, status, failure kind)."""

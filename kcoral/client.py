@@ -65,10 +65,10 @@ class Client:
             return min(max(exc.retry_after, 0.05), self.max_retry_after)
         return min(0.2 * (2 ** (state.attempt_number - 1)), 5.0)
 
-    def _with_retries(self, fn: Any) -> Any:
+    def _with_retries(self, fn: Any, attempts: int | None = None) -> Any:
         retrying = Retrying(
             retry=retry_if_exception_type(_RETRYABLE),
-            stop=stop_after_attempt(self.retries) | stop_after_delay(self.max_retry_seconds),
+            stop=stop_after_attempt(attempts or self.retries) | stop_after_delay(self.max_retry_seconds),
             wait=self._wait,
             reraise=True,
         )
@@ -82,16 +82,21 @@ class Client:
             raise TransportError(f"cannot reach {self.url}: {exc}") from None
 
     # ------------------------------------------------------------------ endpoints
-    def health(self) -> dict[str, Any]:
+    def health(self, *, retry: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
+        """GET /health. `retry=False` makes one attempt (a monitor's poll must not stall the
+        caller for the retry policy's minutes while a server restarts)."""
         def once() -> dict[str, Any]:
-            r = self._http.get(f"{self.url}/health")
+            if timeout_s is None:
+                r = self._http.get(f"{self.url}/health")
+            else:
+                r = self._http.get(f"{self.url}/health", timeout=timeout_s)
             if r.status_code == 503:
                 raise _Busy(_retry_after(r), _error_from(r))
             if r.status_code != 200:
                 raise _error_from(r)
             return r.json()
 
-        return self._with_retries(once)
+        return self._with_retries(once, attempts=None if retry else 1)
 
     def target(self) -> dict[str, Any]:
         return dict(self.health().get("target") or {})

@@ -25,7 +25,9 @@ def render_status(pop: Population, workload_id: int | None = None) -> str:
     runs = pop.runs(workload_id)
     if not runs:
         lines.append("  (none)")
-    for run in runs[-20:]:
+    shown_runs = runs[-20:]
+    throughput = pop.run_throughputs(shown_runs)
+    for run in shown_runs:
         alive = pop.run_alive(run)
         if run.state == "running":
             state = "running" if alive else "running (dead: no heartbeat or process)"
@@ -36,12 +38,14 @@ def render_status(pop: Population, workload_id: int | None = None) -> str:
             f"  run {run.id} {names.get(run.workload_id, run.workload_id)} {run.strategy}: {state}, "
             f"heartbeat {heartbeat} ago, {run.host}:{run.pid}, started {run.started_at:%Y-%m-%d %H:%M}Z"
         )
-        tp = pop.run_throughput(run)
+        tp = throughput[run.id]
         if tp.stages:
+            # under a minute of wall time (no heartbeat yet) makes rates meaningless
+            rates = (f"{tp.benched_per_hour:.0f} candidates/h, {tp.stages_per_hour:.0f} stages/h"
+                     if tp.wall_s >= 60 else "rates after a minute")
             lines.append(
                 f"    {tp.benched} candidate(s) benched and {tp.stages} stage(s) finished in {_age(tp.wall_s)}: "
-                f"{tp.benched_per_hour:.0f} candidates/h, {tp.stages_per_hour:.0f} stages/h, "
-                f"GPU lease held by its finished stages {tp.lease_held_s:.0f} s"
+                f"{rates}, GPU lease held by its finished stages {tp.lease_held_s:.0f} s"
             )
 
     lines.append("evaluations:")

@@ -236,3 +236,22 @@ def test_run_throughput_counts_finished_stages_of_that_run(pop: Population, work
     assert abs(tp.wall_s - 600) < 5 and abs(tp.benched_per_hour - 18) < 0.2
     running = next(r for r in pop.runs(workload) if r.id == other)
     assert pop.run_throughput(running).stages == 0   # its one stage is still running
+
+
+def test_a_dead_run_ends_at_its_last_heartbeat_and_its_interrupted_stages_do_not_count(
+        pop: Population, workload: int) -> None:
+    run_id = pop.start_run(workload, {}, "evolution")
+    cand = make_candidate(pop, workload, "lost", run_id=run_id)
+    ev = pop.begin_stage(cand, "bench", run_id=run_id)
+    assert ev is not None
+    last_beat = utcnow() - timedelta(days=2)
+    with pop.db.write() as s:   # the process died two days ago, ten minutes into the run
+        s.execute(update(RunModel).where(RunModel.id == run_id).values(
+            started_at=last_beat - timedelta(minutes=10), heartbeat_at=last_beat))
+    assert pop.mark_interrupted(ev, "interrupted: run died")
+    assert pop.finish_run(run_id, "interrupted", dead=True)
+    run = pop.run(run_id)
+    assert run is not None and run.state == "interrupted"
+    tp = pop.run_throughput(run)
+    assert abs(tp.wall_s - 600) < 1          # not two days
+    assert (tp.stages, tp.benched) == (0, 0)  # the interrupted bench is no verdict

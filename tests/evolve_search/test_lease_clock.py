@@ -21,7 +21,7 @@ def _hold(url: str, seconds: float) -> None:
 
 def test_fraction_follows_the_servers_lease_time():
     with ServerProcess(["--virtual-gpus", "1"]) as srv, Client(srv.url) as client:
-        clock = LeaseClock(client.health)
+        clock = LeaseClock(lambda: client.health(retry=False, timeout_s=2.0), min_interval_s=0.0)
         clock.start()
         _hold(srv.url, 1.0)
         held = clock.sample()
@@ -35,24 +35,74 @@ def test_fraction_follows_the_servers_lease_time():
 
 def test_cpu_server_reports_no_gpu_fraction():
     with ServerProcess(["--cpu-workers", "1"]) as srv, Client(srv.url) as client:
-        clock = LeaseClock(client.health)
+        clock = LeaseClock(client.health, min_interval_s=0.0)
         clock.start()
         assert clock.sample() is None
 
 
-def test_a_restarted_server_keeps_the_lease_time_before_the_restart():
-    answers = iter([
+class _Clock:
+    """A hand-moved monotonic clock, so the fractions below are exact."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _scripted(monkeypatch, answers):
+    clock_time = _Clock()
+    monkeypatch.setattr("evolve.leaseclock.time.monotonic", clock_time)
+    replies = iter(answers)
+
+    def health():
+        reply = next(replies)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    return clock_time, health
+
+
+def test_a_restarted_server_keeps_the_lease_time_before_the_restart(monkeypatch):
+    t, health = _scripted(monkeypatch, [
         {"instance_id": "a", "gpus": [{"lease_held_s": 100.0}]},   # leased before the run: not counted
         {"instance_id": "a", "gpus": [{"lease_held_s": 103.0}]},
         {"instance_id": "b", "gpus": [{"lease_held_s": 2.0}]},     # restarted: counts from zero
+        OSError("connection refused"),                              # unreachable: the last figure stands
     ])
-    clock = LeaseClock(lambda: next(answers))
+    clock = LeaseClock(health, min_interval_s=0.0)
     clock.start()
-    clock.started_at -= 10.0
-    assert abs(clock.sample() - 0.3) < 0.01
-    assert abs(clock.sample() - 0.5) < 0.01
-    clock._health = lambda: (_ for _ in ()).throw(OSError("connection refused"))
-    assert abs(clock.sample() - 0.5) < 0.01   # unreachable: the last figure stands
+    t.now += 10.0
+    assert clock.sample() == 0.3
+    assert clock.sample() == 0.5
+    assert clock.sample() == 0.5
+
+
+def test_a_restart_without_instance_ids_is_seen_by_the_counter_going_back(monkeypatch):
+    t, health = _scripted(monkeypatch, [
+        {"gpus": [{"lease_held_s": 50.0}, {"lease_held_s": 50.0}]},
+        {"gpus": [{"lease_held_s": 54.0}, {"lease_held_s": 52.0}]},
+        {"gpus": [{"lease_held_s": 1.0}, {"lease_held_s": 1.0}]},
+    ])
+    clock = LeaseClock(health, min_interval_s=0.0)
+    clock.start()
+    t.now += 10.0
+    assert clock.sample() == 6.0 / 20.0       # two GPUs: per-GPU fraction
+    assert clock.sample() == 8.0 / 20.0
+
+
+def test_samples_are_rate_limited(monkeypatch):
+    t, health = _scripted(monkeypatch, [
+        {"instance_id": "a", "gpus": [{"lease_held_s": 0.0}]},
+        {"instance_id": "a", "gpus": [{"lease_held_s": 4.0}]},
+    ])
+    clock = LeaseClock(health, min_interval_s=5.0)
+    clock.start()
+    t.now += 8.0
+    assert clock.sample() == 0.5              # the first poll (the scripted health has one more answer)
+    t.now += 2.0
+    assert clock.sample() == 0.4              # within 5 s: no poll, the figure just dilutes
 
 
 def test_older_servers_without_lease_time_fall_back():

@@ -43,9 +43,9 @@ def _take_free_blocks(pool) -> list:
     return fillers
 
 
-@pytest.mark.parametrize("family", ["two_pass", "fused"])
-def test_setup_allocations_outlive_setup(render_point, family):
-    cand, _ = render_point(family)
+def _call_after_taking_the_pool(cand):
+    """setup, one call, then every free pool block taken by fillers, then a second call.
+    Returns (fillers the second call changed, fillers, inputs changed, outputs differ)."""
     B, T, H = 1, 321, 4
     data = kda_launch.random_inputs(B, T, H, seed=11)
     inputs = {n: data[n].copy() for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")}
@@ -53,13 +53,39 @@ def test_setup_allocations_outlive_setup(render_point, family):
     gc.collect()
     pool.free_all_blocks()   # only what setup frees is left for the fillers to take
     fn = _solution(cand).setup(data, B, T, H)
-    cupy.cuda.get_current_stream().synchronize()
+    fn()
+    # host copies: a device copy could land in the freed scratch itself
+    first = (data["output"].view(cupy.uint8).get(), data["final_state"].view(cupy.uint8).get())
     gc.collect()
     fillers = _take_free_blocks(pool)
     fn()
     cupy.cuda.get_current_stream().synchronize()
-    overwritten = sum(int((f != PATTERN).any()) for f in fillers)
+    overwritten = int(sum(int((f != PATTERN).any()) for f in fillers)) if fillers else 0
+    changed = [n for n, x in inputs.items() if not bool((data[n].view(cupy.uint8) == x.view(cupy.uint8)).all())]
+    # same inputs, same result, bit for bit: a kernel reading memory it no longer owns
+    # (now the fillers' pattern) would not reproduce its first call
+    differ = not (np.array_equal(data["output"].view(cupy.uint8).get(), first[0])
+                  and np.array_equal(data["final_state"].view(cupy.uint8).get(), first[1]))
+    return overwritten, fillers, changed, differ
+
+
+@pytest.mark.parametrize("family", ["two_pass", "fused"])
+def test_setup_allocations_outlive_setup(render_point, family):
+    cand, _ = render_point(family)
+    overwritten, fillers, changed, differ = _call_after_taking_the_pool(cand)
+    if family == "two_pass":   # it allocates scratch in setup: there must be something to test
+        assert fillers, "setup freed nothing: the test exercised nothing"
     assert overwritten == 0, f"{family}: a call wrote into {overwritten} array(s) allocated after setup"
-    for name, before in inputs.items():
-        assert bool((data[name].view(cupy.uint8) == before.view(cupy.uint8)).all()), f"{family}: {name} was modified"
-    assert np.isfinite(kda_launch.bf16_to_f32(data["output"]).get()).all()
+    assert not changed, f"{family}: the call changed its inputs {changed}"
+    assert not differ, f"{family}: the second call did not reproduce the first"
+
+
+def test_a_setup_that_drops_its_scratch_is_caught(render_point):
+    """The control: two_pass with the references to its scratch removed must fail above."""
+    cand, _ = render_point("two_pass")
+    sol = cand / "solution.py"
+    text = sol.read_text()
+    assert "    scratch = (qg, w, ut, kd, p, gc)\n" in text
+    sol.write_text(text.replace("    scratch = (qg, w, ut, kd, p, gc)\n", "    scratch = ()\n"))
+    overwritten, fillers, _, _ = _call_after_taking_the_pool(cand)
+    assert fillers and overwritten > 0

@@ -72,17 +72,18 @@ template <typename T> static void save(const char* dir, const char* name, const 
     std::fclose(f);
 }
 
-// Every buffer gets a tail of canary elements: a kernel that writes past the end of any
-// buffer (into whatever the allocator placed next, an input on a GPU) fails the run.
+// Every buffer gets a tail of canary elements, all bits set (NaN in bf16 and fp32): a
+// kernel that writes past the end of any buffer (into whatever the allocator placed next,
+// an input on a GPU) fails the run, and one that reads past it gets NaN into its result.
 static const size_t GUARD = 1 << 16;
 template <typename T> static size_t guard(std::vector<T>& v) {
     size_t n = v.size();
-    T canary; std::memset(&canary, 0xa5, sizeof canary);
+    T canary; std::memset(&canary, 0xff, sizeof canary);
     v.resize(n + GUARD, canary);
     return n;
 }
 template <typename T> static bool guard_intact(const std::vector<T>& v, size_t n, const char* name) {
-    unsigned char canary[sizeof(T)]; std::memset(canary, 0xa5, sizeof canary);
+    unsigned char canary[sizeof(T)]; std::memset(canary, 0xff, sizeof canary);
     for (size_t i = n; i < v.size(); ++i)
         if (std::memcmp(&v[i], canary, sizeof(T))) {
             std::fprintf(stderr, "write past the end of %s at element %zu (size %zu)\n", name, i, n);
