@@ -1,6 +1,7 @@
 """Shared helpers for the KDA template tests: render a family point, compile it with nvcc."""
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -15,6 +16,14 @@ NVCC = shutil.which("nvcc")
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+
+
+def load_solution(cand: Path):
+    """A rendered candidate's solution.py as a module of its own (one per directory)."""
+    spec = importlib.util.spec_from_file_location(f"_sol_{cand.name}", cand / "solution.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @dataclass

@@ -8,12 +8,11 @@ by filler arrays after setup; a call must leave every filler and every input as 
 from __future__ import annotations
 
 import gc
-import importlib.util
 
 import numpy as np
 import pytest
 
-from .conftest import TEMPLATES, cupy_or_skip
+from .conftest import TEMPLATES, cupy_or_skip, load_solution
 
 pytestmark = pytest.mark.gpu
 cupy = cupy_or_skip()
@@ -25,13 +24,6 @@ import kda_launch  # noqa: E402
 
 PATTERN = 0x5A5A5A5A
 MAX_FILLERS = 200_000
-
-
-def _solution(cand):
-    spec = importlib.util.spec_from_file_location(f"_sol_{cand.name}", cand / "solution.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _take_free_blocks(pool) -> list:
@@ -52,7 +44,7 @@ def _call_after_taking_the_pool(cand):
     pool = cupy.get_default_memory_pool()
     gc.collect()
     pool.free_all_blocks()   # only what setup frees is left for the fillers to take
-    fn = _solution(cand).setup(data, B, T, H)
+    fn = load_solution(cand).setup(data, B, T, H)
     fn()
     # host copies: a device copy could land in the freed scratch itself
     first = (data["output"].view(cupy.uint8).get(), data["final_state"].view(cupy.uint8).get())

@@ -2,14 +2,13 @@
 element overwritten, inputs untouched, and IKET dumps that match the launch."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 
 import numpy as np
 import pytest
 
-from .conftest import TEMPLATES, cupy_or_skip
+from .conftest import TEMPLATES, cupy_or_skip, load_solution
 from .test_chunked_math import recurrence
 
 pytestmark = pytest.mark.gpu
@@ -18,13 +17,6 @@ cupy = cupy_or_skip()
 sys.path.insert(0, str(TEMPLATES / "common"))
 import iket_host  # noqa: E402
 import kda_launch  # noqa: E402
-
-
-def _solution(cand):
-    spec = importlib.util.spec_from_file_location(f"_sol_{cand.name}", cand / "solution.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _judge(x, y):
@@ -52,7 +44,7 @@ def test_matches_float64_recurrence(render_point, overrides, B, T):
     H = 2
     data = kda_launch.random_inputs(B, T, H, seed=T + 10 * B)
     before = {n: data[n].copy() for n in ("q", "k", "v", "g", "beta", "initial_state")}
-    fn = _solution(cand).setup(data, B, T, H)
+    fn = load_solution(cand).setup(data, B, T, H)
     for _ in range(2):   # poisoned before each call: every element must be rewritten
         data["output"][...] = kda_launch.to_bf16(cupy.full(data["output"].shape, np.nan, cupy.float32))
         data["final_state"].fill(np.nan)
@@ -77,7 +69,7 @@ def test_iket_dump_matches_launch(render_point, tmp_path, monkeypatch):
     monkeypatch.setenv("IKET_OUT", str(tmp_path))
     T, H = 130, 2
     data = kda_launch.random_inputs(1, T, H, seed=5)
-    _solution(cand).setup(data, 1, T, H)   # the warm-up call dumps
+    load_solution(cand).setup(data, 1, T, H)   # the warm-up call dumps
     chunks = 3
     expected = {"kda_prep_kernel": chunks * H * 8 * 5, "kda_state_kernel": (128 // 64) * H * 4 * chunks * 5}
     for kernel, count in expected.items():
