@@ -200,14 +200,15 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
 }
 template <typename P> __device__ __forceinline__ P* opaque_ptr(P* p) { return p; }
 __device__ __forceinline__ int opaque_int(int x) { return x; }
+static int g_nth;   // threads per CTA of the grid being run
 """
 
-HARNESS = r"""
-#include "kda_fused.cu"
-#include <vector>
+# The host side both emulation tests share (after the kernel sources): binary I/O, canary
+# tails, and `run_grid`, which runs every CTA of a grid as fibers with warps drifting at
+# random and reports deadlocks, barriers left with arrivals and cp.async never waited for.
+DRIVER = r"""
+#include <functional>
 #include <random>
-alignas(16) unsigned char smem[SMEM_BYTES];
-
 template <typename T> static std::vector<T> load(const char* dir, const char* name, size_t n) {
     std::vector<T> v(n);
     char path[4096]; std::snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -223,48 +224,50 @@ template <typename T> static void save(const char* dir, const char* name, const 
     std::fclose(f);
 }
 
-static const bf16_t *gq_, *gk_, *gv_, *gg_, *gb_;
-static const float *galog_, *gdt_, *ginit_;
-static bf16_t* gout_;
-static float* gfinal_;
-static int gT_, gH_;
-static float gscale_;
+// Every buffer gets a tail of canary elements, all bits set (NaN in bf16 and fp32): a
+// kernel that writes past the end of any buffer (into whatever the allocator placed next,
+// an input on a GPU) fails the run, and one that reads past it gets NaN into its result.
+static const size_t GUARD = 1 << 16;
+template <typename T> static size_t guard(std::vector<T>& v) {
+    size_t n = v.size();
+    T canary; std::memset(&canary, 0xff, sizeof canary);
+    v.resize(n + GUARD, canary);
+    return n;
+}
+template <typename T> static bool guard_intact(const std::vector<T>& v, size_t n, const char* name) {
+    unsigned char canary[sizeof(T)]; std::memset(canary, 0xff, sizeof canary);
+    for (size_t i = n; i < v.size(); ++i)
+        if (std::memcmp(&v[i], canary, sizeof(T))) {
+            std::fprintf(stderr, "write past the end of %s at element %zu (size %zu)\n", name, i, n);
+            return false;
+        }
+    return true;
+}
+
+static std::function<void()> g_body;
 static void trampoline() {
-    kda_fused_kernel(gq_, gk_, gv_, gg_, gb_, galog_, gdt_, ginit_, gout_, gfinal_, gT_, gH_, gscale_);
+    g_body();
     g_cur->done = true;
     g_cur->progressed = true;
     swapcontext(&g_cur->ctx, &g_sched);
 }
 
-int main(int argc, char** argv) {
-    const char* dir = argv[1];
-    const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
-    const unsigned seed = (unsigned)std::atoi(argv[5]);
-    const size_t ntok = (size_t)B * T * H;
-    auto q = load<bf16_t>(dir, "q.bin", ntok * K), k = load<bf16_t>(dir, "k.bin", ntok * K);
-    auto v = load<bf16_t>(dir, "v.bin", ntok * K), g = load<bf16_t>(dir, "g.bin", ntok * K);
-    auto beta = load<bf16_t>(dir, "beta.bin", ntok);
-    auto alog = load<float>(dir, "A_log.bin", H), dt = load<float>(dir, "dt_bias.bin", (size_t)H * K);
-    auto init = load<float>(dir, "init.bin", (size_t)B * H * K * K);
-    std::vector<bf16_t> out(ntok * K, 0x7fc0);             // NaN-poisoned
-    std::vector<float> fin((size_t)B * H * K * K, NAN);
-    gq_ = q.data(); gk_ = k.data(); gv_ = v.data(); gg_ = g.data(); gb_ = beta.data();
-    galog_ = alog.data(); gdt_ = dt.data(); ginit_ = init.data(); gout_ = out.data(); gfinal_ = fin.data();
-    gT_ = T; gH_ = H; gscale_ = 1.f / std::sqrt((float)K);
-    gridDim = {(unsigned)(K / VB), (unsigned)H, (unsigned)B};
-    std::mt19937 rng(seed);
-    std::vector<Fiber> fibers(NTH);
+// Run every CTA of a grid, one after another, each as `nth` fibers; 0 or an error code.
+static int run_grid(dim3_ grid, int nth, unsigned char* sm, size_t smem_bytes, std::mt19937& rng) {
+    gridDim = grid;
+    g_nth = nth;
+    std::vector<Fiber> fibers(nth);
     for (auto& f : fibers) f.stack = (char*)std::malloc(1 << 18);
-    for (unsigned bz = 0; bz < gridDim.z; ++bz)
-    for (unsigned h = 0; h < gridDim.y; ++h)
-    for (unsigned vb = 0; vb < gridDim.x; ++vb) {
-        blockIdx = {vb, h, bz};
-        std::memset(smem, 0xff, sizeof smem);                // NaN everywhere
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx = {bx, by, bz};
+        std::memset(sm, 0xff, smem_bytes);                   // NaN everywhere
         for (auto& w : g_warp) w = WarpX();
         for (auto& b : g_named) b = Gen();
         for (auto& n : g_named_n) n = 0;
         for (int t = 0; t < 1024; ++t) { g_cp[t].clear(); g_cp_group[t] = 0; }
-        for (int t = 0; t < NTH; ++t) {
+        for (int t = 0; t < nth; ++t) {
             Fiber& f = fibers[t];
             f.tid = t; f.done = false; f.progressed = false;
             getcontext(&f.ctx);
@@ -273,15 +276,15 @@ int main(int argc, char** argv) {
             f.ctx.uc_link = nullptr;
             makecontext(&f.ctx, trampoline, 0);
         }
-        std::vector<int> order(NTH);
-        for (int t = 0; t < NTH; ++t) order[t] = t;
+        std::vector<int> order(nth);
+        for (int t = 0; t < nth; ++t) order[t] = t;
         bool full_pass = true;
         for (;;) {
             bool live = false, moved = false, skipped = false;
             std::shuffle(order.begin(), order.end(), rng);
             unsigned stalled = 0;                             // warps held back this pass
             if (!full_pass)
-                for (int w = 0; w < NTH / 32; ++w) stalled |= (rng() % 4 == 0 ? 1u : 0u) << w;
+                for (int w = 0; w < nth / 32; ++w) stalled |= (rng() % 4 == 0 ? 1u : 0u) << w;
             for (int t : order) {
                 Fiber& f = fibers[t];
                 if (f.done) continue;
@@ -294,15 +297,15 @@ int main(int argc, char** argv) {
                 moved |= f.progressed;
             }
             if (!live) break;
-            full_pass = !moved && skipped;                    // stuck only if a full pass is
+            full_pass = !moved && skipped;
             if (!moved && !skipped) {
-                std::fprintf(stderr, "deadlock in CTA (%u, %u, %u)\n", vb, h, bz);
+                std::fprintf(stderr, "deadlock in CTA (%u, %u, %u)\n", bx, by, bz);
                 for (int b = 0; b < 16; ++b)
                     if (g_named[b].count) std::fprintf(stderr, "  barrier %d: %d of %d arrived\n", b, g_named[b].count, g_named_n[b]);
                 return 3;
             }
         }
-        for (int t = 0; t < NTH; ++t)
+        for (int t = 0; t < nth; ++t)
             if (!g_cp[t].empty()) { std::fprintf(stderr, "thread %d ends with cp.async copies never waited for\n", t); return 5; }
         for (int b = 0; b < 16; ++b)
             if (g_named[b].count) {
@@ -310,6 +313,36 @@ int main(int argc, char** argv) {
                 return 4;
             }
     }
+    for (auto& f : fibers) std::free(f.stack);
+    return 0;
+}
+"""
+
+HARNESS = r"""
+#include "kda_fused.cu"
+#include <vector>
+alignas(16) unsigned char smem[SMEM_BYTES];
+""" + DRIVER + r"""
+int main(int argc, char** argv) {
+    const char* dir = argv[1];
+    const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
+    const unsigned seed = (unsigned)std::atoi(argv[5]);
+    const size_t ntok = (size_t)B * T * H;
+    auto q = load<bf16_t>(dir, "q.bin", ntok * K), k = load<bf16_t>(dir, "k.bin", ntok * K);
+    auto v = load<bf16_t>(dir, "v.bin", ntok * K), g = load<bf16_t>(dir, "g.bin", ntok * K);
+    auto beta = load<bf16_t>(dir, "beta.bin", ntok);
+    auto alog = load<float>(dir, "A_log.bin", H), dt = load<float>(dir, "dt_bias.bin", (size_t)H * K);
+    auto init = load<float>(dir, "init.bin", (size_t)B * H * K * K);
+    std::vector<bf16_t> out(ntok * K, 0x7fc0);             // NaN-poisoned
+    std::vector<float> fin((size_t)B * H * K * K, NAN);
+    const float scale = 1.f / std::sqrt((float)K);
+    std::mt19937 rng(seed);
+    g_body = [&] {
+        kda_fused_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), init.data(),
+                         out.data(), fin.data(), T, H, scale);
+    };
+    int rc = run_grid({(unsigned)(K / VB), (unsigned)H, (unsigned)B}, NTH, smem, sizeof smem, rng);
+    if (rc) return rc;
     save(dir, "out.bin", out);
     save(dir, "final.bin", fin);
     return 0;

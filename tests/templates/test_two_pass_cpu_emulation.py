@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from .test_chunked_math import recurrence, _inputs
-from .test_fused_cpu_emulation import GXX, PRELUDE, PRIMITIVES, _bits, _strip_functions
+from .test_fused_cpu_emulation import DRIVER, GXX, PRELUDE, PRIMITIVES, _bits, _strip_functions
 from .test_fused_schedule import _judge, bf16
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
@@ -33,15 +33,12 @@ C = 64
 
 # __syncthreads as a barrier over the CTA's threads (the fused kernel never uses it)
 SYNCTHREADS = r"""
-static int g_nth;
 static inline void __syncthreads() { gen_sync(g_named[0], g_nth); }
 """
 
 HARNESS = r"""
 #include "kda_tiles.cuh"
 #include "iket.cuh"
-#include <functional>
-#include <random>
 // Each kernel in its own namespace (both define C, K, NTH, ...); its dynamic shared memory
 // gets a name of its own too (an extern "C" function's block-scope extern has C linkage).
 #define smem prep_smem
@@ -57,109 +54,7 @@ alignas(16) unsigned char smem[SMEM_BYTES];
 }
 #undef smem
 
-template <typename T> static std::vector<T> load(const char* dir, const char* name, size_t n) {
-    std::vector<T> v(n);
-    char path[4096]; std::snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE* f = std::fopen(path, "rb");
-    if (!f || std::fread(v.data(), sizeof(T), n, f) != n) { std::fprintf(stderr, "cannot read %s\n", path); std::exit(2); }
-    std::fclose(f);
-    return v;
-}
-template <typename T> static void save(const char* dir, const char* name, const std::vector<T>& v) {
-    char path[4096]; std::snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE* f = std::fopen(path, "wb");
-    std::fwrite(v.data(), sizeof(T), v.size(), f);
-    std::fclose(f);
-}
-
-// Every buffer gets a tail of canary elements, all bits set (NaN in bf16 and fp32): a
-// kernel that writes past the end of any buffer (into whatever the allocator placed next,
-// an input on a GPU) fails the run, and one that reads past it gets NaN into its result.
-static const size_t GUARD = 1 << 16;
-template <typename T> static size_t guard(std::vector<T>& v) {
-    size_t n = v.size();
-    T canary; std::memset(&canary, 0xff, sizeof canary);
-    v.resize(n + GUARD, canary);
-    return n;
-}
-template <typename T> static bool guard_intact(const std::vector<T>& v, size_t n, const char* name) {
-    unsigned char canary[sizeof(T)]; std::memset(canary, 0xff, sizeof canary);
-    for (size_t i = n; i < v.size(); ++i)
-        if (std::memcmp(&v[i], canary, sizeof(T))) {
-            std::fprintf(stderr, "write past the end of %s at element %zu (size %zu)\n", name, i, n);
-            return false;
-        }
-    return true;
-}
-
-static std::function<void()> g_body;
-static void trampoline() {
-    g_body();
-    g_cur->done = true;
-    g_cur->progressed = true;
-    swapcontext(&g_cur->ctx, &g_sched);
-}
-
-// Run every CTA of a grid, one after another, each as `nth` fibers; 0 or an error code.
-static int run_grid(dim3_ grid, int nth, unsigned char* sm, size_t smem_bytes, std::mt19937& rng) {
-    gridDim = grid;
-    g_nth = nth;
-    std::vector<Fiber> fibers(nth);
-    for (auto& f : fibers) f.stack = (char*)std::malloc(1 << 18);
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-        blockIdx = {bx, by, bz};
-        std::memset(sm, 0xff, smem_bytes);                   // NaN everywhere
-        for (auto& w : g_warp) w = WarpX();
-        for (auto& b : g_named) b = Gen();
-        for (auto& n : g_named_n) n = 0;
-        for (int t = 0; t < 1024; ++t) { g_cp[t].clear(); g_cp_group[t] = 0; }
-        for (int t = 0; t < nth; ++t) {
-            Fiber& f = fibers[t];
-            f.tid = t; f.done = false; f.progressed = false;
-            getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = f.stack;
-            f.ctx.uc_stack.ss_size = 1 << 18;
-            f.ctx.uc_link = nullptr;
-            makecontext(&f.ctx, trampoline, 0);
-        }
-        std::vector<int> order(nth);
-        for (int t = 0; t < nth; ++t) order[t] = t;
-        bool full_pass = true;
-        for (;;) {
-            bool live = false, moved = false, skipped = false;
-            std::shuffle(order.begin(), order.end(), rng);
-            unsigned stalled = 0;                             // warps held back this pass
-            if (!full_pass)
-                for (int w = 0; w < nth / 32; ++w) stalled |= (rng() % 4 == 0 ? 1u : 0u) << w;
-            for (int t : order) {
-                Fiber& f = fibers[t];
-                if (f.done) continue;
-                live = true;
-                if (stalled >> (t >> 5) & 1) { skipped = true; continue; }
-                g_cur = &f;
-                threadIdx = {(unsigned)t, 0, 0};
-                f.progressed = false;
-                swapcontext(&g_sched, &f.ctx);
-                moved |= f.progressed;
-            }
-            if (!live) break;
-            full_pass = !moved && skipped;
-            if (!moved && !skipped) {
-                std::fprintf(stderr, "deadlock in CTA (%u, %u, %u)\n", bx, by, bz);
-                return 3;
-            }
-        }
-        for (int t = 0; t < nth; ++t)
-            if (!g_cp[t].empty()) { std::fprintf(stderr, "thread %d ends with cp.async copies never waited for\n", t); return 5; }
-        for (int b = 0; b < 16; ++b)
-            if (g_named[b].count) { std::fprintf(stderr, "barrier %d left with %d arrivals\n", b, g_named[b].count); return 4; }
-    }
-    for (auto& f : fibers) std::free(f.stack);
-    return 0;
-}
-
+""" + DRIVER + r"""
 int main(int argc, char** argv) {
     const char* dir = argv[1];
     const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
