@@ -176,9 +176,10 @@ POINTS = [
     ({"v_block": 64, "state_warps": 4, "stages": 2}, ALL_T),
     ({**CTA, "prep_smem": "lean"}, ALL_T + [(2, 33, 1, "switch")]),
     ({}, [(1, 129, 2, "scored"), (1, 200, 1, "saturated")]),
+    ({"prep_smem": "tiles"}, ALL_T + [(2, 33, 1, "switch"), (1, 200, 1, "saturated")]),
 ]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
-       "cta_lean_s1", "defaults"]
+       "cta_lean_s1", "defaults", "tiles"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
