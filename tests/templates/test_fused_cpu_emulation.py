@@ -64,6 +64,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline float __fdividef(float a, float b) { return a / b; }
 inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
 
 // ---- cooperative fibers: one per CUDA thread ------------------------------------------
