@@ -182,9 +182,10 @@ POINTS = [
     ({}, [(1, 129, 2, "scored"), (1, 200, 1, "saturated")]),
     ({"prep_smem": "tiles"}, ALL_T + [(2, 33, 1, "switch"), (1, 200, 1, "saturated")]),
     ({"prep_smem": "tiles", "l2_ahead": 2, "prep_l2_ahead": 264}, [(1, 129, 1, "scored"), (2, 200, 1, "switch")]),
+    ({"uo_blocks": 2}, ALL_T + [(2, 33, 1, "switch")]),
 ]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
-       "cta_lean_s1", "defaults", "tiles", "tiles_l2_ahead"]
+       "cta_lean_s1", "defaults", "tiles", "tiles_l2_ahead", "uo_blocks_2"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
