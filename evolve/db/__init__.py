@@ -7,7 +7,7 @@ from .engine import Database, create_evolve_engine
 from .migrate import SchemaVersionError, ensure_schema
 
 DEFAULT_URL = "sqlite:///evolve.db"
-DB_HELP = "database URL (default: $EVOLVE_DB, else sqlite:///evolve.db in the working directory)"
+DB_HELP = "database URL or SQLite file path (default: $EVOLVE_DB, else sqlite:///evolve.db in the working directory)"
 
 
 def default_url() -> str:
@@ -16,7 +16,7 @@ def default_url() -> str:
 
 
 def open_database(url: str | None = None, *, check_schema: bool = True) -> Database:
-    """Open `url` (any SQLAlchemy URL); an empty database is migrated to the current
+    """Open `url` (any SQLAlchemy URL, or a SQLite file path); an empty database is migrated to the current
     schema, a database at another schema version raises SchemaVersionError.
     `check_schema=False` skips both (for tools that inspect or migrate it themselves)."""
     db = Database.from_engine(create_evolve_engine(url or default_url()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -44,9 +45,17 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+def as_url(text: str) -> str:
+    """A SQLAlchemy URL as given, or a plain file path as the SQLite database at that path."""
+    if "://" in text:
+        return text
+    return f"sqlite:///{Path(text).expanduser().resolve()}"
+
+
 def create_evolve_engine(url: str) -> Engine:
-    """An engine for any SQLAlchemy URL, with evolve's SQLite settings where they apply."""
-    parsed = make_url(url)
+    """An engine for any SQLAlchemy URL (or a SQLite file path), with evolve's SQLite
+    settings where they apply."""
+    parsed = make_url(as_url(url))
     kwargs: dict[str, Any] = {}
     if parsed.get_backend_name() == "sqlite":
         # The busy timeout above is the one that matters; sqlite3's own is kept equal.

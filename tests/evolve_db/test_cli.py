@@ -146,3 +146,19 @@ def test_db_commands_and_version_refusal(tmp_path: Path, cli) -> None:  # type: 
     newer = cli("db", "upgrade", "--db", url)  # a revision from a newer evolve: not touched
     assert newer.returncode == 2 and "newer evolve" in newer.stderr
     assert cli("db", "current", "--db", url).returncode == 1
+
+
+def test_db_takes_a_plain_file_path(demo, cli) -> None:  # type: ignore[no-untyped-def]
+    """`--db some/file.db` is the SQLite database at that path, relative or absolute, the
+    same one its sqlite:/// URL names (a path used to fail as an unparseable URL)."""
+    root, ids = demo
+    by_url = cli("leaderboard", "--json", "--db", f"sqlite:///{root / 'evolve.db'}")
+    by_path = cli("leaderboard", "--json", "--db", str(root / "evolve.db"))
+    by_relative = cli("leaderboard", "--json", "--db", "evolve.db")
+    assert by_url.returncode == by_path.returncode == by_relative.returncode == 0, by_path.stderr
+    assert json.loads(by_path.stdout) == json.loads(by_url.stdout) == json.loads(by_relative.stdout)
+    assert json.loads(by_path.stdout), "the populated database has a leaderboard"
+    fresh = root / "sub" / "new.db"
+    fresh.parent.mkdir()
+    assert cli("status", "--db", str(fresh)).returncode == 0
+    assert fresh.exists()   # created and migrated at that path, not read as a URL
