@@ -23,9 +23,8 @@ POINTS = [
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 2}, 255),
     ({**CTA, "prep_smem": "lean"}, 255),
     ({"prep_smem": "tiles"}, 255),
-    ({"prep_smem": "tiles", "l2_ahead": 2, "prep_l2_ahead": 396}, 255),
-    ({"uo_blocks": 2}, 255),
-    ({"uo_blocks": 2, "v_block": 64, "state_warps": 4, "stages": 1}, 255),
+    ({"uo_blocks": 1}, 255),
+    ({"v_block": 64, "state_warps": 4, "stages": 1}, 255),
 ]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
@@ -36,7 +35,7 @@ def test_family_loads_and_defaults_are_admitted():
     fam = load_family(TEMPLATES / "two_pass")
     assert fam.check(fam.defaults) == []
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
-                                 "uo_blocks", "l2_ahead", "prep_l2_ahead"}
+                                 "uo_blocks"}
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -52,5 +52,4 @@ def test_defaults_unchanged():
     fam = load_family(TEMPLATES / "two_pass")
     # the fastest point measured (docs/benchmarks.md, run 6); change with a new measurement
     assert fam.defaults == {"chunk": 64, "v_block": 128, "state_warps": 8, "stages": 2,
-                            "state_step": "warp_local", "prep_smem": "tiles", "uo_blocks": 2,
-                            "l2_ahead": 0, "prep_l2_ahead": 0}
+                            "state_step": "warp_local", "prep_smem": "tiles", "uo_blocks": 2}

@@ -38,7 +38,7 @@ def _host(data, name):
     {"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1},
     {"state_step": "cta", "prep_smem": "lean", "stages": 1},
     {"prep_smem": "lean"},
-    {"uo_blocks": 2, "l2_ahead": 1},
+    {"uo_blocks": 1},
 ])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
