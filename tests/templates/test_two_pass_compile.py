@@ -8,10 +8,10 @@ from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_p
 
 # (overrides, register bound for the state kernel); the prep kernel is capped at 128
 # registers by its launch bounds (two CTAs of 256 threads per SM), at 80 with
-# prep_smem = "lean" (three CTAs per SM).
+# prep_smem = "lean" or "tiles" (three CTAs per SM).
 CTA = {"state_step": "cta", "prep_smem": "full", "stages": 1}   # the first measured design
 POINTS = [
-    ({}, 255),   # the defaults: warp-local state step, lean prep, two ring slots
+    ({}, 255),   # the defaults: warp-local state step (uo_blocks 2), tiles prep, two ring slots
     (CTA, 255),
     ({**CTA, "v_block": 64, "state_warps": 4}, 255),
     ({**CTA, "v_block": 32, "state_warps": 8}, 200),
