@@ -92,11 +92,13 @@ class WorkerHandle:
             self.chan.close()
         if self.proc is None:
             return None
-        if self.proc.returncode is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # The group, not just the worker: a program's children outlive a worker that crashed,
+        # and asyncio may already have reaped the worker itself (returncode set) by now. The
+        # group id stays reserved while any member lives; an empty group raises ESRCH.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         try:
             return await asyncio.wait_for(self.proc.wait(), 10)
         except asyncio.TimeoutError:
