@@ -58,6 +58,7 @@ class WorkerHandle:
         self.chan: AsyncChannel | None = None
         self.started_at = time.time()
         self.status = "starting"
+        self._group_killed = False
 
     @property
     def worker_id(self) -> str:
@@ -94,11 +95,14 @@ class WorkerHandle:
             return None
         # The group, not just the worker: a program's children outlive a worker that crashed,
         # and asyncio may already have reaped the worker itself (returncode set) by now. The
-        # group id stays reserved while any member lives; an empty group raises ESRCH.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # group id stays reserved while any member lives (an empty group raises ESRCH); once
+        # only, so a later call cannot reach a new group that reused the number.
+        if not self._group_killed:
+            self._group_killed = True
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             return await asyncio.wait_for(self.proc.wait(), 10)
         except asyncio.TimeoutError:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 BUSY_TIMEOUT_MS = 60_000
@@ -45,17 +45,20 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def as_url(text: str) -> str:
-    """A SQLAlchemy URL as given, or a plain file path as the SQLite database at that path."""
+def as_url(text: str) -> URL:
+    """A SQLAlchemy URL as given, or a plain file path as the SQLite database at that path
+    (`:memory:` as an in-memory one); a path's `?` or `#` stay part of the file name."""
     if "://" in text:
-        return text
-    return f"sqlite:///{Path(text).expanduser().resolve()}"
+        return make_url(text)
+    if text == ":memory:":
+        return URL.create("sqlite")
+    return URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
 
 
 def create_evolve_engine(url: str) -> Engine:
     """An engine for any SQLAlchemy URL (or a SQLite file path), with evolve's SQLite
     settings where they apply."""
-    parsed = make_url(as_url(url))
+    parsed = as_url(url)
     kwargs: dict[str, Any] = {}
     if parsed.get_backend_name() == "sqlite":
         # The busy timeout above is the one that matters; sqlite3's own is kept equal.

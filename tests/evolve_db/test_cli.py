@@ -162,3 +162,13 @@ def test_db_takes_a_plain_file_path(demo, cli) -> None:  # type: ignore[no-untyp
     fresh.parent.mkdir()
     assert cli("status", "--db", str(fresh)).returncode == 0
     assert fresh.exists()   # created and migrated at that path, not read as a URL
+
+
+def test_db_path_keeps_url_characters_and_memory() -> None:
+    """A path with `?` or `#` names that file (not a URL query); `:memory:` stays in memory."""
+    from evolve.db.engine import as_url
+
+    odd = as_url("runs/a?b#c.db")
+    assert odd.get_backend_name() == "sqlite" and odd.database.endswith("runs/a?b#c.db") and not odd.query
+    assert as_url(":memory:").database is None
+    assert as_url("sqlite:///x.db").database == "x.db"

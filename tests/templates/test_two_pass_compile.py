@@ -22,9 +22,9 @@ POINTS = [
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1}, 255),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 2}, 255),
     ({**CTA, "prep_smem": "lean"}, 255),
-    ({"prep_smem": "tiles"}, 255),
+    ({"prep_smem": "lean", "uo_blocks": 2}, 255),
     ({"uo_blocks": 1}, 255),
-    ({"v_block": 64, "state_warps": 4, "stages": 1}, 255),
+    ({"v_block": 64, "state_warps": 4, "stages": 1, "uo_blocks": 1}, 255),
 ]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
