@@ -268,22 +268,29 @@ class SearchLoop:
             exhausted = not futures  # nothing new nearby and nothing running: the space is used up
             return None
 
+        def may_start(reason: str | None) -> bool:
+            # A resumed run's retries finish the dead run's work: --max-evals counts new
+            # pipelines only, so they start whatever it says (the time budget still applies).
+            return reason is None or (bool(jobs) and reason.startswith("max_evals"))
+
         last_beat = time.monotonic()
         executor = ThreadPoolExecutor(max_workers=slots + 1, thread_name_prefix="evolve-stage")
         try:
             while True:
                 reason = self._budget_left(started_jobs, started, deadline)
-                if reason is None and not exhausted:
+                if may_start(reason) and not exhausted:
                     while len(futures) < slots + 1:
+                        owed = bool(jobs)
                         job = next_job()
                         if job is None:
                             break
                         submitted.add(job.candidate_id)
-                        started_jobs += 1
+                        if not owed:
+                            started_jobs += 1
                         futures[executor.submit(job_fn, job)] = job.candidate_id
                         with stats.lock:
                             stats.in_flight = len(futures)
-                        if self._budget_left(started_jobs, started, deadline) is not None:
+                        if not may_start(self._budget_left(started_jobs, started, deadline)):
                             break
                 elif reason is not None:
                     stopped = reason

@@ -42,6 +42,9 @@ def test_sigkill_mid_stage_then_resume(tmp_path, cpu_server):
     confirmed_before = {r.candidate_id: r.speedup for r in pop.leaderboard(wid) if r.confirmed}
     best_before = pop.best(wid).candidate_id
     assert confirmed_before and pop.evaluation(victim.id).status == "running"
+    # every pipeline stage in flight at the kill (often two or three: the server has two
+    # workers), each owed a retry even though the resumed run may start only one new pipeline
+    in_flight = [e for e in pop.evaluations_of(wid, status="running") if e.stage != "confirm"]
 
     resumed = run_cli("run", str(cfg), "--remote", cpu_server.url, "--db", db_url, "--resume", "--max-evals", "1",
                       cwd=tmp_path)
@@ -50,8 +53,13 @@ def test_sigkill_mid_stage_then_resume(tmp_path, cpu_server):
     # the interrupted evaluation is marked so, and retried as a new attempt with its lineage
     assert pop.evaluation(victim.id).status == "interrupted"
     retries = [e for e in pop.evaluations(victim.candidate_id, victim.stage) if e.retry_of == victim.id]
-    assert len(retries) == 1 and retries[0].status in ("passed", "failed")
+    assert len(retries) == 1 and retries[0].status in ("passed", "failed"), (
+        victim.stage, [(e.id, e.stage, e.status, e.retry_of) for e in pop.evaluations(victim.candidate_id)],
+        resumed.stderr[-2000:])
     assert retries[0].attempt == victim.attempt + 1
+    for ev in in_flight:
+        again = [e for e in pop.evaluations(ev.candidate_id, ev.stage) if e.retry_of == ev.id]
+        assert len(again) == 1 and again[0].status in ("passed", "failed"), (ev.stage, len(in_flight))
     # no finished evaluation was repeated or changed
     after = pop.evaluations_of(wid)
     for eid, state in finished_before.items():
