@@ -268,17 +268,12 @@ class SearchLoop:
             exhausted = not futures  # nothing new nearby and nothing running: the space is used up
             return None
 
-        def may_start(reason: str | None) -> bool:
-            # A resumed run's retries finish the dead run's work: --max-evals counts new
-            # pipelines only, so they start whatever it says (the time budget still applies).
-            return reason is None or (bool(jobs) and reason.startswith("max_evals"))
-
         last_beat = time.monotonic()
         executor = ThreadPoolExecutor(max_workers=slots + 1, thread_name_prefix="evolve-stage")
         try:
             while True:
-                reason = self._budget_left(started_jobs, started, deadline)
-                if may_start(reason) and not exhausted:
+                reason = self._budget_left(started_jobs, started, deadline, owed=bool(jobs))
+                if reason is None and not exhausted:
                     while len(futures) < slots + 1:
                         owed = bool(jobs)
                         job = next_job()
@@ -290,7 +285,7 @@ class SearchLoop:
                         futures[executor.submit(job_fn, job)] = job.candidate_id
                         with stats.lock:
                             stats.in_flight = len(futures)
-                        if not may_start(self._budget_left(started_jobs, started, deadline)):
+                        if self._budget_left(started_jobs, started, deadline, owed=bool(jobs)) is not None:
                             break
                 elif reason is not None:
                     stopped = reason
@@ -351,12 +346,15 @@ class SearchLoop:
             limits.append(started + left)
         return min(limits) if limits else None
 
-    def _budget_left(self, started_jobs: int, started: float, deadline: float | None) -> str | None:
-        """None while there is budget for another pipeline, else why not."""
+    def _budget_left(self, started_jobs: int, started: float, deadline: float | None, *,
+                     owed: bool = False) -> str | None:
+        """None while there is budget for another pipeline, else why not. `owed`: the next
+        job finishes a dead run's work (a resumed retry), which --max-evals does not count;
+        the time budget still applies."""
         if self.cancel.is_set():
             return "cancelled"
         max_evals = self.config.budget.max_evals
-        if max_evals is not None and started_jobs >= max_evals:
+        if not owed and max_evals is not None and started_jobs >= max_evals:
             return f"max_evals={max_evals} reached"
         if deadline is not None and time.monotonic() >= deadline:
             return "time budget spent"
