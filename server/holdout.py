@@ -45,8 +45,14 @@ class HoldoutSalt:
         return cls(secrets.token_hex(32).encode())
 
     def seeds(self, namespace: str, count: int) -> list[int]:
-        out = []
-        for i in range(count):
-            digest = hmac.new(self._salt, f"{namespace}:{i}".encode(), hashlib.sha256).digest()
-            out.append(int.from_bytes(digest[:8], "big"))
-        return out
+        """Fresh seeds for one run: HMAC of the salt over the namespace and a nonce drawn
+        now. No program can ask for the seeds of another run (its nonce is never given
+        out), and a run's seeds, leaked, say nothing of the next run's. The nonce goes to
+        the server's log only, so that whoever holds the salt can replay a holdout."""
+        nonce = secrets.token_hex(16)
+        log_event("holdout_seeds", namespace=namespace, count=count, nonce=nonce)
+        return [self.derive(namespace, nonce, i) for i in range(count)]
+
+    def derive(self, namespace: str, nonce: str, i: int) -> int:
+        digest = hmac.new(self._salt, f"{namespace}:{nonce}:{i}".encode(), hashlib.sha256).digest()
+        return int.from_bytes(digest[:8], "big")

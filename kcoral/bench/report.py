@@ -36,7 +36,11 @@ class BenchReport(BaseModel):
     spread: float | None = None
     spreads: dict[str, float] = Field(default_factory=dict)
     trials: list[dict[str, Any]] = Field(default_factory=list)
-    timing_flags: list[str] = Field(default_factory=list)
+    timing_flags: list[str] = Field(default_factory=list)  # trials whose host times were refused
+    clock: str | None = None  # which clock the figures come from (the host's call times or the judge's)
+    isolation: str = ""  # how the candidate was kept apart from the judge, the baseline and the server
+    tolerance: str = ""  # the correctness bounds, and what they were set from
+    input_key: str = ""  # the run's input key (after the run): every call's inputs can be replayed
     baseline_check: dict[str, Any] | None = None
     cases: list[CaseResult] = Field(default_factory=list)
     elapsed_s: float = 0.0
@@ -84,6 +88,12 @@ def format_lines(rep: BenchReport) -> list[str]:
                      f"{_num(chk.get('output_rms_ratio'))}, final_state {_num(chk.get('final_state_rms_ratio'))})")
     if rep.method and rep.kernel_ms is not None:
         lines.append(f"method: {rep.method}")
+    if rep.clock and rep.kernel_ms is not None:
+        lines.append(f"clock: {rep.clock}")
+    if rep.isolation:
+        lines.append(f"isolation: {rep.isolation}")
+    if rep.tolerance:
+        lines.append(f"tolerance: {rep.tolerance}")
     if rep.baseline_ms is not None and rep.kernel_ms is not None and rep.speedup is not None:
         lines.append(f"baseline: {rep.baseline_ms:.6f} ms")
         lines.append(f"kernel: {rep.kernel_ms:.6f} ms")

@@ -98,9 +98,15 @@ def test_holdout_seeds_come_from_the_salt_which_workers_never_see(tmp_path) -> N
                        env={"KCORAL_HOLDOUT_SALT_FILE": str(salt_file), "MY_SALT_PATH": str(salt_file)}) as srv:
         with Client(srv.url) as c:
             seeds = run_builtin(c, "holdout_seeds", "kda/forward", 4).raise_for_failure().results["out"]
+            again = run_builtin(c, "holdout_seeds", "kda/forward", 4).raise_for_failure().results["out"]
             leak = c.execute(function_program(probe, args=[str(salt_file), salt.decode()]), timeout_seconds=30)
             bad = run_builtin(c, "holdout_seeds", "", 2)
-    expected = [int.from_bytes(hmac.new(salt, f"kda/forward:{i}".encode(), hashlib.sha256).digest()[:8], "big") for i in range(4)]
-    assert seeds == expected
+    # Each call draws a fresh nonce: no program can obtain the seeds a bench will use (the
+    # same namespace once gave every program the workload's holdout), and one run's seeds
+    # say nothing of another's.
+    fixed = [int.from_bytes(hmac.new(salt, f"kda/forward:{i}".encode(), hashlib.sha256).digest()[:8], "big") for i in range(4)]
+    assert len(seeds) == len(again) == 4 and len(set(seeds)) == 4
+    assert seeds != again and not set(seeds) & set(again)
+    assert not set(seeds) & set(fixed)
     assert leak.raise_for_failure().results["out"] == {"path_in_env": False, "salt_in_env": False, "proc_env": False}
     assert bad.status == "FAILED"

@@ -108,8 +108,10 @@ def test_holdout_salt_file_and_repr(tmp_path) -> None:
     f.write_bytes(b"abc\n")
     salt = HoldoutSalt.load(str(f), None)
     assert "abc" not in repr(salt)
-    assert salt.seeds("ns", 2) == HoldoutSalt(b"abc").seeds("ns", 2)
-    assert salt.seeds("ns", 2) != HoldoutSalt(b"abd").seeds("ns", 2)
+    assert salt.derive("ns", "n1", 0) == HoldoutSalt(b"abc").derive("ns", "n1", 0)
+    assert salt.derive("ns", "n1", 0) != HoldoutSalt(b"abd").derive("ns", "n1", 0)
+    assert salt.derive("ns", "n1", 0) != salt.derive("ns", "n2", 0)
+    assert salt.seeds("ns", 2) != salt.seeds("ns", 2)  # a fresh nonce per call
 
 
 def test_stale_scratch_folders_of_dead_servers_are_swept(tmp_path) -> None:

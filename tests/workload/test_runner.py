@@ -56,14 +56,17 @@ def _candidate(tmp_path, body: str):
     return cand
 
 
-def test_crashing_candidate_gives_no_report_and_keeps_the_log(tmp_path, monkeypatch):
+def test_crashing_candidate_fails_and_keeps_the_log(tmp_path, monkeypatch):
     cand = _candidate(tmp_path, "import os, sys\nprint('dying now', file=sys.stderr)\n"
                                 "def setup(data, B, T, H):\n    os._exit(7)\n")
     archive = bench_archive(load_workload(CPU_WORKLOAD), cand)
     monkeypatch.chdir(tmp_path)
     out = runner.bench(archive, [1, 2, 3, 4, 5], {"timeout_s": 60})
-    assert out["report"] is None and out["exit_code"] == 7
-    assert "no report" in out["runner_error"] and "dying now" in out["log"]
+    # the candidate's process died, not the judge: a report says so, with its prints
+    rep = out["report"]
+    assert rep is not None and rep["passed"] is False and out["exit_code"] == 1
+    assert "died" in rep["message"] and "exit status 7" in rep["message"]
+    assert "dying now" in out["log"]
 
 
 def test_hanging_candidate_is_stopped(tmp_path, monkeypatch):

@@ -1,21 +1,33 @@
 """Entry point: `python -m judge ROOT` in a directory holding judge/, workload.json,
-candidate/ (and against/). Reads {"holdout_seeds", "holdout_source", ...} as JSON on stdin
-(never from a file or the environment, where the candidate could look) and writes the
-report as one JSON document to the stdout it was started with. Everything printed while it
-runs, the candidate's prints included, goes to stderr."""
+candidate/ (and against/). Reads {"holdout_seeds", "holdout_source", "report_key", ...} as
+JSON on stdin (never from a file or the environment, where a candidate could look) and
+writes {"report": ..., "mac": ...} as one JSON document to the stdout it was started with,
+the report signed with the runner's one-time key: a report from anywhere else (a host
+writing to an inherited or reopened pipe) does not verify. Everything printed while it
+runs goes to stderr; candidates print into their hosts' logs."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import sys
 from pathlib import Path
 
 
+def sign(report: dict, key: str) -> dict:
+    body = json.dumps(report, sort_keys=True)
+    return {"report": report, "mac": hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()}
+
+
 def main() -> int:
     request = json.loads(sys.stdin.read() or "{}")
     sys.stdin.close()
-    # Keep the real stdout for the report; fd 1 now points at stderr for everyone else.
+    key = str(request.pop("report_key", ""))
+    # Keep the real stdout for the report; fd 1 now points at stderr for everyone else,
+    # and the report's descriptor is not inherited by any host.
     report_fd = os.dup(1)
+    os.set_inheritable(report_fd, False)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
@@ -24,7 +36,7 @@ def main() -> int:
     report = Judge(root, request.get("holdout_seeds") or [], request.get("holdout_source", "server"),
                    request).run()
     with os.fdopen(report_fd, "w") as fh:
-        json.dump(report, fh)
+        json.dump(sign(report, key), fh)
     return 0 if report["passed"] else 1
 
 

@@ -15,8 +15,8 @@ class ReferenceBaseline:
         self.be, self.spec = be, spec
         self.name = f"reference (fp32 chunked, {'CuPy' if be.device == 'cuda' else 'NumPy'}, chunk {spec.chunk})"
 
-    def setup(self, data: dict, B: int, T: int, H: int):
-        be, spec = self.be, self.spec
+    def setup(self, data: dict, B: int, T: int, H: int, write_outputs: bool = True):
+        be, spec = self.be, self.spec  # the reference always writes its outputs
 
         def fn() -> None:
             out, state = chunked_f32(be.xp, data, spec.scale, spec.gate_floor, spec.norm_eps, spec.chunk)

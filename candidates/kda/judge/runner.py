@@ -7,9 +7,13 @@ take the worker down, and the holdout seeds travel on the subprocess's stdin onl
 """
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import hmac
 import io
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -119,7 +123,31 @@ def _kill_tree(proc) -> None:
             pass
 
 
+def _not_dumpable() -> None:
+    """No same-uid process (a candidate's host) may read this worker's memory or reopen its
+    descriptors (the judge's report pipe) through /proc."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
+
+
+def _verified(out: bytes, key: str) -> tuple[dict | None, str]:
+    """The judge's report if it carries the one-time key's signature."""
+    try:
+        doc = json.loads(out)
+        report, mac = doc["report"], doc["mac"]
+        body = json.dumps(report, sort_keys=True).encode()
+    except (ValueError, KeyError, TypeError) as exc:
+        return None, f"judge wrote an unreadable report: {exc}"
+    want = hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
+        return None, "the report on the judge's pipe is not signed by the judge (forged): refused"
+    return report, ""
+
+
 def bench(archive: bytes, seeds, options: dict) -> dict:
+    _not_dumpable()
     options = dict(options or {})
     timeout = float(options.get("timeout_s", 1500))
     root = tempfile.mkdtemp(prefix="bench-", dir=os.getcwd())
@@ -144,6 +172,7 @@ def _bench_in(root: str, archive: bytes, seeds, options: dict, timeout: float) -
         "holdout_source": options.get("holdout_source", "server"),
         "candidate_name": options.get("candidate_name", "candidate"),
         "against_name": options.get("against_name"),
+        "report_key": secrets.token_hex(32),
     }
     # The judge stays in the worker's process group: when the server kills a timed-out
     # worker's group, the judge and everything the candidate started die with it.
@@ -165,10 +194,7 @@ def _bench_in(root: str, archive: bytes, seeds, options: dict, timeout: float) -
     report = None
     runner_error = ""
     if out.strip():
-        try:
-            report = json.loads(out)
-        except ValueError as exc:
-            runner_error = f"judge wrote an unreadable report: {exc}"
+        report, runner_error = _verified(out, request["report_key"])
     elif not timed_out:
         runner_error = f"judge exited with status {proc.returncode} and no report (crash?)"
     log = err[-LOG_LIMIT:].decode("utf-8", "replace")

@@ -7,6 +7,9 @@ names or "all"), H and T (heads and tokens; K, V and the math come from workload
 Prints exactly one `regime=NAME bad=FRACTION` line per regime run, FRACTION being the
 share of output + final_state elements that fail the workload's rules (non-finite ones
 included; an output failing only its RMS bound counts one element); exits 0 iff all are 0.
+
+A diagnostic, not a verdict: the candidate runs in this process, beside the checks. Only
+the official benchmark (judge.py), which never shares a process with a candidate, decides.
 """
 from __future__ import annotations
 
@@ -19,16 +22,48 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from judge.backend import bits_view, make_backend  # noqa: E402
+from judge.backend import BF16, bits_view, make_backend, poison, write_into  # noqa: E402
 from judge.compare import check_output  # noqa: E402
-from judge.harness import Prepared, load_solution  # noqa: E402
-from judge.inputs import holdout_cases, holdout_inputs, regime_inputs  # noqa: E402
+from judge.harness import load_solution  # noqa: E402
+from judge.inputs import INPUT_NAMES, holdout_cases, holdout_inputs, regime_inputs  # noqa: E402
 from judge.reference import recurrence_f64  # noqa: E402
 from judge.spec import load_spec  # noqa: E402
 
 STRESS = ("saturated", "strong", "mixed_depth", "switch", "boundary", "correlated", "random_depth")
 REGIMES = ("scored",) + STRESS + ("probes", "holdout_mix", "refresh", "integrity")
 PROBE_LENGTHS = (1, 17, 63, 65, 127, 129)
+
+
+class Prepared:
+    """One `setup` of the candidate at length T, on buffers of this process."""
+
+    def __init__(self, be, spec, module, inputs: dict, T: int) -> None:
+        xp = be.xp
+        self.be, self.inputs = be, inputs
+        self.output = xp.empty((spec.B, T, spec.H, spec.V), dtype=BF16)
+        self.final_state = xp.empty((spec.B, spec.H, spec.V, spec.K), dtype=xp.float32)
+        self.data = dict(inputs, output=self.output, final_state=self.final_state, scale=float(spec.scale))
+        self.fn = module.setup(self.data, spec.B, T, spec.H)
+        be.sync()
+
+    def refill(self, fresh: dict) -> None:
+        for name in INPUT_NAMES:
+            write_into(self.be.xp, self.inputs[name], fresh[name])
+
+    def call(self) -> list[str]:
+        """Poison, call once, synchronise; return integrity problems (empty if none)."""
+        xp = self.be.xp
+        before = {n: bits_view(xp, self.inputs[n]).copy() for n in INPUT_NAMES}
+        poison(xp, self.output)
+        poison(xp, self.final_state)
+        self.fn()
+        self.be.sync()
+        problems = [f"the call changed its inputs: {n}" for n in INPUT_NAMES
+                    if not bool((bits_view(xp, self.inputs[n]) == before[n]).all())]
+        for key, buf in (("output", self.output), ("final_state", self.final_state)):
+            if self.data.get(key) is not buf:
+                problems.append(f"data[{key!r}] was replaced; outputs must be written into the given buffers")
+        return problems
 
 
 class Ctx:

@@ -1,0 +1,236 @@
+"""The host: the process a candidate (or the baseline) runs in, driven call by call by
+the judge: `python -m judge.host FD ROLE DEVICE`.
+
+Everything here runs in an untrusted process once a candidate is loaded: the candidate can
+patch any of it. So the host only does work whose result the judge checks for itself:
+it calls `setup` and `fn` on buffers the judge lends, copies each call's outputs into the
+judge's result slots and reports its own call times, which the judge weighs against its
+own clock. Roles: `candidate` (a candidate directory) and `trusted` (the baseline and the
+no-op calibration candidate; no candidate code is ever loaded there).
+
+Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "kind",
+"message"}:
+  load   {"dir"} | {"spec"}                      import the candidate | make the baseline
+  setup  {"session", "which", "B", "T", "H", "scale", "buffers", "inputs", "output",
+          "final_state", "input_block", "output_block"}   setup(data, B, T, H) on lent buffers
+  calls  {"session", "buffers", "sets", "results", "flush_bytes"}
+         per call: refill the inputs from its set, poison both outputs, flush the cache,
+         time fn(), copy both outputs into its result slot; reply {"ms": [...], "span_ms"}
+  release {"buffers"}                            unmap a batch's buffer (trusted hosts)
+  exit
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+
+from .backend import BF16_NAN_BITS, Backend, bits_view, make_backend
+from .channel import Channel, ChannelClosed
+from .harness import CandidateError, load_solution, tail
+from .memory import Mapper
+
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def _harden() -> None:
+    """Before any candidate code: no privilege gain through exec, and a bound on what the
+    process may write to files (its log included)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
+    limit = int(os.environ.get("KDA_HOST_FSIZE", str(1 << 30)))
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    except (ValueError, OSError):
+        pass
+
+
+class _NoOp:
+    """The calibration candidate: does nothing, so a batch of it costs only the host's own
+    work (refills, poisoning, flushes, copies, timers): the judge's measure of overhead."""
+
+    @staticmethod
+    def setup(data, B, T, H):
+        return lambda: None
+
+
+class Session:
+    def __init__(self, fn, output, final_state, input_block, output_block) -> None:
+        self.fn, self.output, self.final_state = fn, output, final_state
+        self.input_block, self.output_block = input_block, output_block  # uint8 views
+
+
+class Host:
+    def __init__(self, chan: Channel, role: str, be: Backend) -> None:
+        self.chan, self.role, self.be = chan, role, be
+        self.mapper = Mapper(be)
+        self.module = None
+        self.baseline = None
+        self.sessions: dict[int, Session] = {}
+        self.flush = None
+
+    def serve(self) -> None:
+        while True:
+            try:
+                msg, fds = self.chan.recv()
+            except ChannelClosed:
+                return
+            op = msg.get("op")
+            if op == "exit":
+                return
+            try:
+                reply = getattr(self, f"op_{op}")(msg, fds)
+                reply["ok"] = True
+            except CandidateError as exc:
+                reply = {"ok": False, "kind": exc.kind, "message": exc.message}
+            except Exception as exc:  # noqa: BLE001 - a broken request or a host fault
+                reply = {"ok": False, "kind": "runtime", "message": f"host error: {type(exc).__name__}: {exc}\n{tail()}"}
+            self.chan.send(reply)
+
+    def op_load(self, msg: dict, fds: list) -> dict:
+        if self.role == "candidate":
+            self.module = load_solution(Path(msg["dir"]), "kda_candidate")
+            return {}
+        from .baseline import make_baseline
+        from .spec import parse_spec
+
+        spec = parse_spec(msg["spec"])
+        self.baseline, note = make_baseline(self.be, spec)
+        return {"name": self.baseline.name, "note": note}
+
+    def _module(self, which: str):
+        if self.role == "candidate":
+            return self.module
+        return {"baseline": self.baseline, "null": _NoOp}[which]
+
+    def op_setup(self, msg: dict, fds: list) -> dict:
+        self.mapper.add(msg["buffers"], fds)
+        view = self.mapper.view
+        inputs = {n: view(d) for n, d in msg["inputs"].items()}
+        output, final_state = view(msg["output"]), view(msg["final_state"])
+        data = dict(inputs, output=output, final_state=final_state, scale=float(msg["scale"]))
+        B, T, H = int(msg["B"]), int(msg["T"]), int(msg["H"])
+        which = msg.get("which", "baseline")
+        try:
+            if which == "baseline_check":  # the baseline writes into the lent outputs this once
+                fn = self.baseline.setup(data, B, T, H, write_outputs=True)
+            else:
+                fn = self._module(which).setup(data, B, T, H)
+            self.be.sync()
+        except BaseException as exc:  # noqa: BLE001
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise CandidateError("import", f"setup(data, B={B}, T={T}, H={H}) raised:\n{tail()}") from None
+        if not callable(fn):
+            raise CandidateError("import", f"setup returned {type(fn).__name__}, not a callable")
+        self.sessions[int(msg["session"])] = Session(fn, output, final_state, view(msg["input_block"]),
+                                                     view(msg["output_block"]))
+        return {}
+
+    def op_calls(self, msg: dict, fds: list) -> dict:
+        self.mapper.add(msg["buffers"], fds)
+        s = self.sessions[int(msg["session"])]
+        view = self.mapper.view
+        sets = [view(d) for d in msg["sets"]]
+        results = [view(d) for d in msg["results"]]
+        flush = self._flush(int(msg.get("flush_bytes", 0)))
+        timer = _Timer(self.be)
+        xp = self.be.xp
+        out_bits, state = bits_view(xp, s.output), s.final_state
+        try:
+            for i, (fresh, slot) in enumerate(zip(sets, results)):
+                s.input_block[...] = fresh  # every input of this call, one copy
+                out_bits.fill(BF16_NAN_BITS)
+                state.fill(float("nan"))
+                if flush is not None:
+                    flush.fill(i)
+                timer.start()
+                s.fn()
+                timer.stop()
+                slot[...] = s.output_block  # both outputs, one copy
+            ms, span = timer.finish()
+        except BaseException as exc:  # noqa: BLE001
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise CandidateError("runtime", f"fn() raised:\n{tail()}") from None
+        return {"ms": ms, "span_ms": span}
+
+    def op_release(self, msg: dict, fds: list) -> dict:
+        self.mapper.drop([int(b) for b in msg["buffers"]])
+        return {}
+
+    def _flush(self, nbytes: int):
+        if nbytes <= 0:
+            return None
+        words = max(1, nbytes // 4)  # written as 32-bit words: a byte-wise fill is several times slower
+        if self.flush is None or self.flush.size != words:
+            self.flush = self.be.xp.empty(words, dtype=self.be.xp.uint32)
+        return self.flush
+
+
+class _Timer:
+    """Per-call times: CUDA events enqueued back to back on the current stream (one sync at
+    the end), or perf_counter around each call on the CPU."""
+
+    def __init__(self, be: Backend) -> None:
+        self.be = be
+        self.pairs: list = []
+        self.cuda = be.device == "cuda"
+        if self.cuda:
+            cp = be.xp
+            self.stream = cp.cuda.get_current_stream()
+            self.first = cp.cuda.Event()
+            self.first.record(self.stream)
+        else:
+            self.t0 = time.perf_counter()
+
+    def start(self) -> None:
+        if self.cuda:
+            ev = self.be.xp.cuda.Event()
+            ev.record(self.stream)
+            self.pairs.append([ev, None])
+        else:
+            self.pairs.append([time.perf_counter(), None])
+
+    def stop(self) -> None:
+        if self.cuda:
+            ev = self.be.xp.cuda.Event()
+            ev.record(self.stream)
+            self.pairs[-1][1] = ev
+        else:
+            self.pairs[-1][1] = time.perf_counter()
+
+    def finish(self) -> tuple[list[float], float]:
+        if self.cuda:
+            cp = self.be.xp
+            last = cp.cuda.Event()
+            last.record(self.stream)
+            last.synchronize()
+            self.be.sync()
+            ms = [cp.cuda.get_elapsed_time(a, b) for a, b in self.pairs]
+            return ms, cp.cuda.get_elapsed_time(self.first, last)
+        return [(b - a) * 1e3 for a, b in self.pairs], (time.perf_counter() - self.t0) * 1e3
+
+
+def main(argv: list[str]) -> int:
+    fd, role, device = int(argv[0]), argv[1], argv[2]
+    _harden()
+    chan = Channel(socket.socket(fileno=fd))
+    try:
+        be = make_backend(device)
+    except Exception as exc:  # noqa: BLE001
+        chan.send({"ok": False, "kind": "unavailable", "message": str(exc)})
+        return 1
+    # Prints of the candidate go to this process's stdout/stderr: the judge's log file.
+    Host(chan, role, be).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

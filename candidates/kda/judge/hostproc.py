@@ -1,0 +1,243 @@
+"""Host processes, judge side: start one with nothing of the judge's (a scrubbed
+environment, no inherited descriptor but its channel and its log, its own session, the
+unprivileged uid when the judge is root), ask it things, and kill it with everything it
+started.
+
+The judge is a child subreaper, so whatever a host leaves behind (double forks, setsid
+daemons) is re-parented to the judge and swept when the host is closed: nothing of a
+candidate runs while another process is timed."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .channel import Channel, ChannelClosed
+from .harness import CandidateError
+
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+UNPRIVILEGED = 65534  # nobody
+LOG_TAIL = 16 * 1024
+REPLY_TIMEOUT_S = 600.0
+# What a host's environment keeps of the judge's: how to find Python, its packages and the
+# GPU. Nothing else (no tokens, no server settings) crosses.
+KEPT_ENV = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+            "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "MKL_NUM_THREADS")
+_live: dict[int, "HostProcess"] = {}
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except Exception:  # noqa: BLE001 - not Linux
+        return False
+
+
+def protect_judge() -> dict:
+    """The judge's own process: not dumpable (no same-uid process may read its memory or
+    open its descriptors through /proc) and a subreaper of everything its hosts start."""
+    return {"non_dumpable": _prctl(PR_SET_DUMPABLE, 0), "subreaper": _prctl(PR_SET_CHILD_SUBREAPER, 1)}
+
+
+_drop: list[bool] = []
+
+
+def drops_uid() -> bool:
+    """Hosts run as nobody when the judge is root and this Python runs for nobody (an
+    interpreter under a private home does not): tried once."""
+    if not _drop:
+        ok = hasattr(os, "geteuid") and os.geteuid() == 0 and os.environ.get("KDA_HOST_SAME_UID") != "1"
+        if ok:
+            try:
+                ok = subprocess.run([sys.executable, "-c", "import numpy"], user=UNPRIVILEGED, group=UNPRIVILEGED,
+                                    extra_groups=[], cwd="/", env={"PATH": os.environ.get("PATH", "")},
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    timeout=60).returncode == 0
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+        _drop.append(ok)
+    return _drop[0]
+
+
+def isolation_text(protections: dict) -> str:
+    parts = ["candidate in its own process, driven call by call (no judge code shares it)",
+             "scrubbed environment, no inherited descriptors, no-new-privs"]
+    if drops_uid():
+        parts.append(f"uid {UNPRIVILEGED} (the judge runs as root)")
+    elif hasattr(os, "geteuid") and os.geteuid() == 0:
+        parts.append("the judge's uid, root (this Python cannot run as an unprivileged uid here)")
+    else:
+        parts.append("the judge's uid (the judge is not root)")
+    parts.append("judge not dumpable" if protections.get("non_dumpable") else "judge dumpable (prctl unavailable)")
+    parts.append(f"request sandbox: {os.environ.get('KCORAL_SANDBOX', 'unknown')}")
+    return "; ".join(parts)
+
+
+class HostProcess:
+    """One host. `role` is "candidate" (loads `cand_dir`) or "trusted"."""
+
+    def __init__(self, arena, judge_pkg: Path, role: str, device: str, log_dir: Path, label: str,
+                 cand_dir: Path | None = None, cache_dir: Path | None = None) -> None:
+        self.arena, self.label, self.role = arena, label, role
+        self.lent: list = []  # buffers this host may have mapped: freed only once it is gone
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"kda-host-{label}-"))
+        shutil.copytree(judge_pkg, self.workdir / "judge", ignore=shutil.ignore_patterns("__pycache__"))
+        if cand_dir is not None:
+            shutil.copytree(cand_dir, self.workdir / "candidate", ignore=shutil.ignore_patterns("__pycache__"))
+        (self.workdir / "tmp").mkdir()
+        env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
+        cache = cache_dir or (self.workdir / "cache")
+        cache.mkdir(parents=True, exist_ok=True)
+        env.update(HOME=str(self.workdir), TMPDIR=str(self.workdir / "tmp"), PYTHONDONTWRITEBYTECODE="1",
+                   PYTHONUNBUFFERED="1", CUPY_CACHE_DIR=str(cache / "cupy"), TRITON_CACHE_DIR=str(cache / "triton"))
+        if role == "trusted":  # no candidate code there: it keeps the judge's compile caches
+            env.update({k: v for k, v in os.environ.items() if k in ("HOME", "CUPY_CACHE_DIR", "TRITON_CACHE_DIR")})
+        kw: dict = {}
+        if drops_uid() and role == "candidate":
+            for path in (self.workdir, cache):
+                _chown_tree(path, UNPRIVILEGED)
+            kw = dict(user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[])
+        self.log_path = log_dir / f"host-{label}.log"
+        log = open(self.log_path, "ab")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "judge.host", str(theirs.fileno()), role, device],
+                cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                pass_fds=(theirs.fileno(),), start_new_session=True, **kw)
+        finally:
+            theirs.close()
+            log.close()
+        self.chan = Channel(ours)
+        _live[self.proc.pid] = self
+
+    @property
+    def candidate_dir(self) -> str:
+        return str(self.workdir / "candidate")
+
+    def request(self, msg: dict, fds: list[int] | tuple = (), timeout: float = REPLY_TIMEOUT_S) -> dict:
+        try:
+            self.chan.send(msg, fds)
+            reply, extra = self.chan.recv(timeout)
+        except (ChannelClosed, BrokenPipeError, ConnectionError) as exc:
+            raise CandidateError("runtime", f"the {self.label} process died during '{msg.get('op')}' "
+                                 f"({self._exit_text()}): {exc}\n{self.log_tail(2000)}") from None
+        except (TimeoutError, socket.timeout):
+            raise CandidateError("runtime", f"the {self.label} process gave no answer to '{msg.get('op')}' "
+                                 f"within {timeout:.0f} s") from None
+        except ValueError as exc:  # an unreadable message: the host is not speaking the protocol
+            raise CandidateError("runtime", f"the {self.label} process sent a malformed reply: {exc}") from None
+        for fd in extra:  # a host has nothing to hand the judge
+            os.close(fd)
+        if reply.get("ok") is not True:
+            kind = reply.get("kind") if reply.get("kind") in ("import", "runtime", "unavailable") else "runtime"
+            raise CandidateError(kind, str(reply.get("message") or "the host reported a failure")[:8000])
+        return reply
+
+    def retire(self, buf) -> None:
+        """A batch's buffer is done with. A trusted host unmaps it first and it is freed now;
+        an untrusted one might keep a mapping, so its buffers wait for its death (freed
+        device memory could otherwise come back to the judge still mapped by the host)."""
+        if self.role == "trusted" and self.proc.poll() is None:
+            self.request({"op": "release", "buffers": [buf.id]})
+            self.arena.free(buf)
+        else:
+            self.lent.append(buf)
+
+    def _exit_text(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return "still running"
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+    def log_tail(self, limit: int = LOG_TAIL) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - limit))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Kill the host's session and everything it left behind, then reap."""
+        _live.pop(self.proc.pid, None)
+        try:
+            if self.proc.poll() is None:
+                self.chan.send({"op": "exit"})
+        except OSError:
+            pass
+        self.chan.close()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        sweep_orphans()
+        for buf in self.lent:
+            self.arena.free(buf)
+        self.lent.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    os.chown(path, uid, uid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
+def _children_of() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
+def sweep_orphans() -> None:
+    """Kill every descendant of the judge that is not a live host or inside one. Orphans
+    of closed hosts were re-parented to the judge (its subreaper flag)."""
+    children = _children_of()
+    keep = set(_live)
+    doomed: list[int] = []
+    stack = [c for c in children.get(os.getpid(), []) if c not in keep]
+    while stack:
+        pid = stack.pop()
+        doomed.append(pid)
+        stack.extend(children.get(pid, []))
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 5
+    while doomed and time.monotonic() < deadline:
+        for pid in list(doomed):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not ours to reap (its parent was a doomed process)
+                done = pid
+            if done:
+                doomed.remove(pid)
+        if doomed:
+            time.sleep(0.01)

@@ -1,0 +1,115 @@
+"""The judge's parts on their own: the channel and lent memory between two processes, the
+clock rule, and the runner refusing a report the judge did not sign."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from judge import runner
+from judge.__main__ import sign
+from judge.backend import make_backend
+from judge.calls import Batch
+from judge.channel import Channel
+from judge.memory import Arena, Mapper
+from judge.spec import Timing
+from judge.timing import clock_figure
+
+from .conftest import KDA
+
+CHILD = textwrap.dedent("""
+    import socket, sys
+    sys.path.insert(0, sys.argv[2])
+    from judge.backend import make_backend
+    from judge.channel import Channel
+    from judge.memory import Mapper
+    chan = Channel(socket.socket(fileno=int(sys.argv[1])))
+    msg, fds = chan.recv()
+    m = Mapper(make_backend("cpu"))
+    m.add(msg["buffers"], fds)
+    a = m.view(msg["view"])
+    total = float(a.sum())
+    a[...] = 7.0
+    chan.send({"sum": total})
+""")
+
+
+def test_lent_memory_is_shared_with_another_process_and_nothing_else_is():
+    arena = Arena(make_backend("cpu"))
+    buf = arena.buffer(4096)
+    arr, desc = buf.take((4, 8), np.float32)
+    arr[...] = 1.0
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(theirs.fileno()), str(KDA)], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    chan = Channel(ours)
+    chan.send({"buffers": [buf.info()], "view": desc}, fds=[buf.fd])
+    reply, _ = chan.recv(timeout=60)
+    assert proc.wait(timeout=60) == 0
+    assert reply == {"sum": 32.0}
+    assert (arr == 7.0).all()  # the child wrote into the judge's buffer
+    arena.free_all()
+
+
+def _batch(host_ms, wall_ms):
+    return Batch(snapshots=[], host_ms=host_ms, span_ms=sum(host_ms), wall_ms=wall_ms)
+
+
+TIMING = Timing(trials=1, calls=4, warmup=1, flush_bytes=0, clock_slack_rel=0.05, clock_slack_ms=1.0)
+
+
+def test_host_times_stand_when_the_judge_clock_agrees():
+    null = _batch([0.0] * 5, wall_ms=5.0)
+    f = clock_figure(_batch([10.0, 10.0, 11.0, 10.0, 12.0], wall_ms=5.0 + 53.5), null, TIMING)
+    assert f.clock == "host" and f.ms == 10.5  # median of the 4 timed calls
+
+
+def test_judge_clock_wins_when_the_host_understates():
+    null = _batch([0.0] * 5, wall_ms=5.0)
+    f = clock_figure(_batch([0.1] * 5, wall_ms=5.0 + 50.0), null, TIMING)
+    assert f.clock == "judge" and f.ms == pytest.approx(10.0)
+    assert "the judge's figure 10.000000 ms/call used" in f.why
+
+
+def test_unusable_host_times_leave_the_judge_clock():
+    null = _batch([0.0] * 5, wall_ms=5.0)
+    f = clock_figure(_batch([float("nan")] * 5, wall_ms=25.0), null, TIMING)
+    assert f.clock == "judge" and f.ms == pytest.approx(4.0)
+
+
+def test_runner_refuses_a_report_without_the_judges_signature():
+    report = {"passed": True, "speedup": 100.0}
+    good = json.dumps(sign(report, "k" * 64)).encode()
+    assert runner._verified(good, "k" * 64) == (report, "")
+    forged = json.dumps(sign(report, "guess")).encode()
+    got, why = runner._verified(forged, "k" * 64)
+    assert got is None and "forged" in why
+    got, why = runner._verified(json.dumps(report).encode(), "k" * 64)  # the old, unsigned form
+    assert got is None and "unreadable" in why
+
+
+def test_judge_process_is_not_dumpable_and_reaps_orphans():
+    code = textwrap.dedent("""
+        import os, sys, time
+        sys.path.insert(0, sys.argv[1])
+        from judge.hostproc import protect_judge, sweep_orphans, _children_of
+        got = protect_judge()
+        if os.fork() == 0:          # a double-forked daemon, as a host might leave
+            if os.fork() == 0:
+                time.sleep(600)
+            os._exit(0)
+        os.wait()
+        time.sleep(0.2)
+        before = len(_children_of().get(os.getpid(), []))
+        sweep_orphans()
+        after = len(_children_of().get(os.getpid(), []))
+        print(got["non_dumpable"], got["subreaper"], before, after)
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(KDA)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True", "1", "0"], out.stderr
