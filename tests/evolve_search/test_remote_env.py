@@ -48,3 +48,17 @@ def test_the_embedded_server_gives_candidates_none_of_evolves_environment(tmp_pa
         res = run_python(c, [SendSpec(tmp_path / "app")], "env.py", timeout=60)
     assert res.exit_code == 0, res.stderr
     assert res.stdout.strip() == "{}", res.stdout
+
+
+def test_a_server_started_beside_evolve_hands_workers_none_of_its_settings(tmp_path):
+    # The README's quick tour starts kcoral-server from the shell that runs evolve.
+    from tests.serverproc import ServerProcess
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "env.py").write_text(
+        "import json, os\nprint(json.dumps(sorted(k for k in os.environ if k.startswith(('EVOLVE', 'KCORAL_TOKEN')))))\n")
+    env = {"EVOLVE_DB": f"sqlite:///{tmp_path / 'evolve.db'}", "EVOLVE_ANYTHING": "x", "KCORAL_TOKEN": EVOLVE_SECRET}
+    with ServerProcess(["--cpu-workers", "1"], env=env) as srv, Client(srv.url, token="") as c:
+        res = run_python(c, [SendSpec(tmp_path / "app")], "env.py", timeout=60)
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.strip() == "[]", res.stdout
