@@ -70,7 +70,7 @@ UNSENT_DIRS = {"__pycache__"}
 
 def directory_violations(root: Path) -> list[str]:
     """The rules over every file of a candidate: each Python file's constructs, and no
-    native code, bytecode or symbolic links; paths are relative to `root`."""
+    native code, bytecode, symbolic links or special files; paths are relative to `root`."""
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -83,6 +83,8 @@ def directory_violations(root: Path) -> list[str]:
             rel = path.relative_to(root).as_posix()
             if path.is_symlink():
                 found.append(f"{rel}: symbolic links are not allowed")
+            elif not path.is_file():
+                found.append(f"{rel}: not a regular file")
             elif name.endswith(NATIVE_SUFFIXES) or ".so." in name:
                 found.append(f"{rel}: compiled native code is not allowed")
             elif name.endswith(BYTECODE_SUFFIXES):
