@@ -38,8 +38,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sqlalchemy.exc import DBAPIError
+
+    from evolve.db import UnreadableDatabaseError, default_url
+    from evolve.db.integrity import explain
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UnreadableDatabaseError as exc:
+        return _database_failure(exc)
+    except DBAPIError as exc:
+        # Damage found mid-command (after open_database's check) reads the same.
+        unreadable = explain(exc, getattr(args, "db", None) or default_url())
+        if unreadable is None:
+            raise
+        return _database_failure(unreadable)
+
+
+def _database_failure(exc: Exception) -> int:
+    print(f"evolve: {exc}", file=sys.stderr)
+    return 2  # a bad database, as for a bad config or family
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from kcoral.remote import is_private_env
+
 
 class EmbeddedServerError(RuntimeError):
     pass
@@ -33,6 +35,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the server outlives a killed evolve; stop() still covers normal exits
+
+
+def server_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """evolve's environment minus its credentials and settings: the server hands its own
+    environment to the workers that import candidates, so `$EVOLVE_DB` or the token there
+    would be the candidate's too. A value holding the token goes with it."""
+    environ = dict(os.environ if environ is None else environ)
+    secrets = [environ[k] for k in environ if k.upper().startswith(("KCORAL_TOKEN", "KCORAL_SERVER_TOKEN"))
+               and environ[k]]
+    return {k: v for k, v in environ.items()
+            if not is_private_env(k) and not any(secret in v for secret in secrets)}
 
 
 def has_gpu() -> bool:
@@ -66,7 +79,7 @@ class EmbeddedServer:
         log = open(Path(self._logdir) / "server.log", "wb")  # noqa: SIM115 - kept open for the child
         # Its own process group, so a terminal's Ctrl-C reaches us first and we stop it in order.
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=os.environ.copy(), preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                     env=server_environment(), preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         log.close()
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + self.startup_timeout_s

@@ -50,11 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_remote_options(parser: argparse.ArgumentParser) -> None:
-    """--remote (default $KCORAL_REMOTE) and --token (default $KCORAL_TOKEN)."""
+    """--remote (default $KCORAL_REMOTE) and --token-file (default $KCORAL_TOKEN)."""
+    from kcoral.token import add_token_options
+
     parser.add_argument("--remote", default=os.environ.get("KCORAL_REMOTE"), metavar="URL",
                         help="server URL (default: $KCORAL_REMOTE)")
-    parser.add_argument("--token", default=None,
-                        help="bearer token (default: $KCORAL_TOKEN)")
+    add_token_options(parser)
 
 
 def add_send_options(parser: argparse.ArgumentParser, default_timeout: float = 600) -> None:
@@ -71,10 +72,15 @@ def add_send_options(parser: argparse.ArgumentParser, default_timeout: float = 6
 def make_client(args: argparse.Namespace) -> "Client":
     from kcoral.client import Client
     from kcoral.remote import ToolInputError
+    from kcoral.token import TokenFileError, token_from_args
 
     if not args.remote:
         raise ToolInputError("no server given: use --remote URL or set KCORAL_REMOTE")
-    return Client(args.remote, token=args.token)
+    try:
+        token = token_from_args(args)
+    except TokenFileError as exc:
+        raise ToolInputError(str(exc)) from None
+    return Client(args.remote, token=token)
 
 
 def fail(message: str, code: int = EXIT_TOOL_FAILURE) -> int:

@@ -25,6 +25,9 @@ from .wire import Outcome
 # Set by the server for each worker; a client value would point the app at another GPU.
 # CUDA_DEVICE_ORDER too: it changes which GPU an index in CUDA_VISIBLE_DEVICES names.
 REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+# Credentials and evolve's settings (its database above all) never reach a remote app:
+# what the app can read, the candidate it imports can read.
+PRIVATE_ENV_PREFIXES = ("KCORAL_TOKEN", "KCORAL_SERVER_TOKEN", "EVOLVE_")
 MAX_TIMEOUT = 3600.0  # the protocol's ceiling; servers clamp larger values to it
 
 
@@ -91,11 +94,26 @@ def parse_env(items: Iterable[str], environ: Mapping[str, str] | None = None) ->
     return out
 
 
-def check_env(env: Mapping[str, str]) -> None:
+def is_private_env(name: str) -> bool:
+    """A credential or an evolve setting: never sent with a program."""
+    return name.upper().startswith(PRIVATE_ENV_PREFIXES)
+
+
+def check_env(env: Mapping[str, str], token: str | None = None) -> None:
+    """Refuse what a client must not set remotely: the GPU assignment, private names, and
+    any value holding the client's own token (`-e X=$KCORAL_TOKEN`)."""
     refused = sorted(REFUSED_ENV & set(env))
     if refused:
         raise ToolInputError(f"{', '.join(refused)} cannot be set by the client: the server "
                              "assigns each worker its GPU")
+    private = sorted(name for name in env if is_private_env(name))
+    if private:
+        raise ToolInputError(f"{', '.join(private)} is private (a credential or an evolve setting) "
+                             "and is never sent to the server")
+    holding = sorted(name for name, value in env.items() if token and token in value)
+    if holding:
+        raise ToolInputError(f"{', '.join(holding)} holds the client's token, which is never sent "
+                             "to the server")
 
 
 def inner_timeout(timeout: float) -> float:
@@ -146,7 +164,7 @@ class IketResult(ToolRun):
 
 def _execute(client: Client, entry: str, sends: Sequence[SendSpec], spec: dict[str, Any],
              timeout: float) -> tuple[dict[str, Any], Outcome]:
-    check_env(spec.get("env") or {})
+    check_env(spec.get("env") or {}, getattr(client, "token", None))
     # Clamp here too, so the runner's own limit stays below what the server enforces.
     timeout = min(float(timeout), MAX_TIMEOUT)
     spec = dict(spec, timeout=inner_timeout(timeout))

@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from .app import build_app
-from .auth import BearerAuth
+from .auth import BearerAuth, public_token_problem
 from .config import ServerConfig
 from .engine import Engine
 from . import reqlog
@@ -63,9 +63,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             raise SystemExit(f"kcoral-server: token file {args.token_file} is empty")
     elif os.environ.get("KCORAL_SERVER_TOKEN"):
         token = os.environ["KCORAL_SERVER_TOKEN"].strip()
-    if not _is_loopback(args.host) and not token:
-        raise SystemExit(f"kcoral-server: refusing to bind {args.host} without a token "
-                         "(--token-file or KCORAL_SERVER_TOKEN)")
+    if not _is_loopback(args.host) and (problem := public_token_problem(token)):
+        raise SystemExit(f"kcoral-server: {args.host}: {problem}")
     gpus = None
     if args.gpus is not None:
         try:

@@ -31,8 +31,10 @@ from .workspace import create_request_dirs, remove_tree
 
 RUN_DIR_PREFIX = "kcoral-server-"
 
-# Never handed to workers: credentials and anything naming the holdout salt.
+# Never handed to workers: credentials, anything naming the holdout salt, and the settings
+# of an evolve run from the same shell (its database above all).
 _SECRET_ENV = ("KCORAL_SERVER_TOKEN", "KCORAL_TOKEN")
+_SECRET_ENV_PREFIXES = ("EVOLVE_",)
 
 
 @dataclass
@@ -103,7 +105,8 @@ class Engine:
         return specs, gpus, backend
 
     def _worker_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV and "HOLDOUT" not in k.upper()}
+        env = {k: v for k, v in os.environ.items()
+               if k not in _SECRET_ENV and not k.startswith(_SECRET_ENV_PREFIXES) and "HOLDOUT" not in k.upper()}
         # The salt file in every spelling: as given, absolute, links resolved; and the one
         # generated into --state-dir.
         salt_file = self.config.holdout_salt_file or (

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from .engine import Database, create_evolve_engine
+from .integrity import UnreadableDatabaseError, verify
 from .migrate import SchemaVersionError, ensure_schema
 
 DEFAULT_URL = "sqlite:///evolve.db"
@@ -18,15 +19,19 @@ def default_url() -> str:
 def open_database(url: str | None = None, *, check_schema: bool = True) -> Database:
     """Open `url` (any SQLAlchemy URL, or a SQLite file path); an empty database is migrated to the current
     schema, a database at another schema version raises SchemaVersionError.
-    `check_schema=False` skips both (for tools that inspect or migrate it themselves)."""
-    db = Database.from_engine(create_evolve_engine(url or default_url()))
-    if check_schema:
-        try:
+    `check_schema=False` skips both (for tools that inspect or migrate it themselves).
+    A damaged SQLite file raises UnreadableDatabaseError either way."""
+    url = url or default_url()
+    db = Database.from_engine(create_evolve_engine(url))
+    try:
+        verify(db.engine, url)
+        if check_schema:
             ensure_schema(db)
-        except BaseException:
-            db.close()
-            raise
+    except BaseException:
+        db.close()
+        raise
     return db
 
 
-__all__ = ["DB_HELP", "DEFAULT_URL", "Database", "SchemaVersionError", "default_url", "open_database"]
+__all__ = ["DB_HELP", "DEFAULT_URL", "Database", "SchemaVersionError", "UnreadableDatabaseError", "default_url",
+           "open_database"]

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Candidate], StageResult]] = {
     "check": check.run, "gputest": gputest.run, "iket": iket.run, "ncu": ncu.run, "bench": bench.run,
 }
+# Stages that record their own server instance (check touches the server only for its import probe).
 LOCAL_STAGES = {"check"}
 
 

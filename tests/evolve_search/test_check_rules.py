@@ -110,3 +110,22 @@ def test_check_stage_records_resources_and_refuses_bad_candidates(toy_family, tm
     (no_setup / "solution.py").write_text("X = 1\n")
     _, res = run_stage(ctx, "check", add(no_setup))
     assert res.status == "failed" and res.failure_kind == "import" and "setup" in res.message
+
+
+def test_directory_rules_refuse_links_special_files_and_bytecode(tmp_path):
+    import os
+
+    from evolve.pipeline.static_rules import directory_violations
+
+    (tmp_path / "solution.py").write_text("import numpy\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "util.py").write_text("import socket\n")
+    os.mkfifo(tmp_path / "pipe")
+    os.symlink("/etc/hostname", tmp_path / "link")
+    (tmp_path / "helper.pyc").write_bytes(b"\0")
+    (tmp_path / "__pycache__").mkdir()  # never sent, so never imported: ignored
+    (tmp_path / "__pycache__" / "solution.cpython-311.pyc").write_bytes(b"\0")
+    found = directory_violations(tmp_path)
+    assert found == ["helper.pyc: compiled Python bytecode is not allowed (send the source)",
+                     "link: symbolic links are not allowed", "pipe: not a regular file",
+                     "sub/util.py:1: import of socket is not allowed"], found

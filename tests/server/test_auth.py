@@ -61,9 +61,9 @@ def test_non_loopback_bind_without_token_is_refused() -> None:
 
 
 def test_token_from_environment(monkeypatch) -> None:
-    monkeypatch.setenv("KCORAL_SERVER_TOKEN", "from-env")
+    monkeypatch.setenv("KCORAL_SERVER_TOKEN", "from-env-0123456789")
     cfg = config_from_args(build_parser().parse_args(["--host", "0.0.0.0"]))
-    assert cfg.token is not None and cfg.token.get_secret_value() == "from-env"
+    assert cfg.token is not None and cfg.token.get_secret_value() == "from-env-0123456789"
     assert "from-env" not in repr(cfg)
     monkeypatch.delenv("KCORAL_SERVER_TOKEN")
     with pytest.raises(SystemExit):
