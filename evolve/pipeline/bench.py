@@ -15,6 +15,12 @@ def bench_result(rep, against: Path | None = None) -> StageResult:
         "baseline_name": getattr(rep, "baseline_name", None),
         "holdout_pass": getattr(rep, "holdout_pass", None),
         "cases": jsonable(getattr(rep, "cases", None)),
+        # How far the verdict can be trusted: which clock the figures came from, how the
+        # candidate was isolated, and the bounds it was checked against.
+        "clock": getattr(rep, "clock", None),
+        "timing_flags": list(getattr(rep, "timing_flags", []) or []),
+        "isolation": getattr(rep, "isolation", ""),
+        "tolerance": getattr(rep, "tolerance", ""),
     }
     if against is not None:
         metrics["against"] = str(against)

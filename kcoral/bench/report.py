@@ -11,6 +11,7 @@ class CaseResult(BaseModel):
     group: str  # holdout | probe | stress | scored | timing
     status: Literal["PASS", "FAIL", "FLAKY"]
     detail: str = ""
+    rms_max: dict[str, float] = Field(default_factory=dict)  # worst RMS error ratio per output
 
 
 class BenchReport(BaseModel):
@@ -57,7 +58,8 @@ class BenchReport(BaseModel):
         data = {k: v for k, v in raw.items() if k in cls.model_fields and k not in ("spread", "cases")}
         data["spreads"] = {k: float(v) for k, v in spreads.items() if v is not None}
         data["spread"] = max(data["spreads"].values()) if data["spreads"] else None
-        data["cases"] = [CaseResult(name=c["name"], group=c["group"], status=c["status"], detail=c.get("detail", ""))
+        data["cases"] = [CaseResult(name=c["name"], group=c["group"], status=c["status"], detail=c.get("detail", ""),
+                                    rms_max=c.get("rms_max") or {})
                          for c in raw.get("cases", [])]
         data.update(extra)
         return cls.model_validate(data)

@@ -46,6 +46,8 @@ def test_reference_passes(client):
     ("deep_decay", "holdout", ["RMS ratio"], ["not finite", "changed its inputs"]),
     ("replay", "correctness", ["strong:", "out of tolerance"], ["not finite"]),
     ("flaky", "flaky", ["scored: call 2 of 3", "final_state:"], ["output:"]),
+    ("output_2pct", "holdout", ["output: RMS ratio"], ["final_state:", "not finite"]),
+    ("state_2pct", "holdout", ["final_state: RMS ratio"], ["output:", "not finite"]),
 ])
 def test_broken_candidates_fail_for_their_reason(client, tmp_path, name, kind, must, must_not):
     cand = stage_broken(name, tmp_path)

@@ -1,7 +1,7 @@
 """Host processes, judge side: start one with nothing of the judge's (a scrubbed
-environment, no inherited descriptor but its channel and its log, its own session, the
-unprivileged uid when the judge is root), ask it things, and kill it with everything it
-started.
+environment, no inherited descriptor but its channel and its log, its own process group
+- not a session: a server's sandbox may refuse setsid -, the unprivileged uid when the
+judge is root), ask it things, and kill it with everything it started.
 
 The judge is a child subreaper, so whatever a host leaves behind (double forks, setsid
 daemons) is re-parented to the judge and swept when the host is closed: nothing of a
@@ -113,7 +113,7 @@ class HostProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "judge.host", str(theirs.fileno()), role, device],
                 cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                pass_fds=(theirs.fileno(),), start_new_session=True, **kw)
+                pass_fds=(theirs.fileno(),), process_group=0, **kw)
         finally:
             theirs.close()
             log.close()
@@ -154,7 +154,10 @@ class HostProcess:
             self.lent.append(buf)
 
     def _exit_text(self) -> str:
-        code = self.proc.poll()
+        try:  # its channel closed: give the process a moment to finish dying
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            code = None
         if code is None:
             return "still running"
         return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
@@ -169,7 +172,7 @@ class HostProcess:
             return ""
 
     def close(self) -> None:
-        """Kill the host's session and everything it left behind, then reap."""
+        """Kill the host's process group and everything it left behind, then reap."""
         _live.pop(self.proc.pid, None)
         try:
             if self.proc.poll() is None:

@@ -44,7 +44,16 @@ class Case:
 
     def as_dict(self) -> dict:
         return {"name": self.name, "group": self.group, "status": self.status, "detail": self.detail,
-                "calls": self.calls}
+                "rms_max": self.rms_max(), "calls": self.calls}
+
+    def rms_max(self) -> dict:
+        """The worst RMS error ratio of each output over this case's calls."""
+        out: dict = {}
+        for call in self.calls:
+            for name, v in (call.get("rms") or {}).items():
+                if v is not None:
+                    out[name] = max(out.get(name, 0.0), v)
+        return out
 
 
 class Stop(Exception):
