@@ -116,3 +116,28 @@ def test_static_rules_read_every_file_of_the_candidate(tmp_path, pop, client, na
     res = check_stage(pop, client, cand_dir)
     assert res.status == "failed" and res.failure_kind == "check", res.message
     assert needle in res.message, res.message
+
+
+def test_a_cheat_that_computes_only_on_poisoned_calls_is_never_promoted(tmp_path, cpu_server):
+    """Trust I through the pipeline: the NaN-gated candidate (computes only when its output
+    holds the judge's poison) was promoted at 779x over the best by `evolve evaluate`."""
+    db_path = tmp_path / "evolve.db"
+    pop = population(f"sqlite:///{db_path}")
+    wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
+    honest = render_candidate(load_family(NUMPY_FAMILY), FAST, tmp_path / "render")
+    cand_dir = tmp_path / "agent" / "nan_gate"
+    cand_dir.mkdir(parents=True)
+    (cand_dir / "correct.py").write_text((honest / "solution.py").read_text())
+    (cand_dir / "solution.py").write_text((REPO / "tests/fixtures/kda_attacks/nan_gate/solution.py").read_text())
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest="nan_gate",
+                                             directory=str(cand_dir), name="nan_gate"))
+    config = tmp_path / "bench.toml"
+    config.write_text(f'root = "{REPO}"\nworkload = "candidates/kda/forward_cpu_small"\n'
+                      '[[families]]\nname = "numpy_chunked"\n')
+    proc = subprocess.run(evolve_cmd("evaluate", str(cand.id), "--remote", cpu_server.url, "--config", str(config)),
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    timed = [e for e in pop.evaluations(cand.id) if e.stage in ("bench", "confirm") and e.speedup is not None]
+    assert timed, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # It computes on every call now (every call is poisoned and checked): an honest figure.
+    assert all(e.speedup < 5.0 for e in timed), [(e.stage, e.speedup) for e in timed]
