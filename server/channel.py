@@ -14,6 +14,7 @@ from typing import Any
 
 _LEN = struct.Struct(">I")
 MAX_HEADER = 256 << 20
+FDS_PER_MESSAGE = 200  # blob descriptors per SCM_RIGHTS message (the kernel takes at most 253)
 
 
 def encode(msg: dict[str, Any], attachments: list[bytes | memoryview] = ()) -> list[bytes | memoryview]:

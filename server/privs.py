@@ -1,0 +1,83 @@
+"""Linux process controls the sandbox needs and the stdlib lacks (Python 3.11): setns,
+capset, prctl. Thin ctypes wrappers; each raises OSError with the kernel's errno."""
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import signal
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Namespace(enum.IntEnum):
+    """CLONE_NEW* flags, in the order a process joins them (user first: it grants the
+    capabilities the others need; pid last: it only affects children)."""
+
+    USER = 0x10000000
+    IPC = 0x08000000
+    UTS = 0x04000000
+    NET = 0x40000000
+    MNT = 0x00020000
+    PID = 0x20000000
+
+    @property
+    def proc_name(self) -> str:
+        return self.name.lower()
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _check(ret: int) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def setns(fd: int, ns: Namespace) -> None:
+    _check(_libc.setns(fd, int(ns)))
+
+
+def prctl(option: int, arg: int) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)))
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """Non-dumpable: same-uid processes can no longer read our /proc/<pid>/mem, environ
+    or ptrace us (the kernel makes those files root-owned)."""
+    prctl(_PR_SET_DUMPABLE, 1 if dumpable else 0)
+
+
+def set_no_new_privs() -> None:
+    prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def become_subreaper() -> None:
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Empty effective, permitted and inheritable sets (and so the ambient set).
+
+    Needed after joining a user namespace: setns grants every capability inside it,
+    whatever the uid."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), data))

@@ -1,0 +1,205 @@
+"""The per-request sandbox: what bubblewrap builds, with which limits, under which uid.
+
+One sandbox per request: bwrap creates fresh PID, mount, IPC, UTS and network namespaces
+whose root holds the system directories and the Python installation read-only, a
+size-limited tmpfs at /kcoral (the workspace, /tmp and /dev/shm all live in it), and
+nothing of the server's state (state directory, journal, salt, token, blob cache, other
+requests). bwrap's own command is a placeholder that waits; a preloaded worker forked by
+the zygote then joins those namespaces (see zygote.py). Killing the namespace's init
+kills every process of the request.
+
+When the server runs as root, bwrap runs privileged (no user namespace) and each worker
+slot's programs run as their own unprivileged uid, so RLIMIT_NPROC counts one request's
+processes. Otherwise bwrap maps the server's uid into a user namespace (RLIMIT_NPROC is
+then counted per namespace by the kernel) and the worker drops every capability.
+"""
+from __future__ import annotations
+
+import enum
+import glob
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+# Paths inside the sandbox. Everything writable is under ROOT, one tmpfs.
+ROOT = "/kcoral"
+WORK = f"{ROOT}/work"        # the program's working directory (its workspace)
+TMP = f"{ROOT}/tmp"          # /tmp and $TMPDIR
+SHM = f"{ROOT}/shm"          # /dev/shm
+HOME = f"{ROOT}/home"        # $HOME (CUDA's compute cache, tools' dotfiles)
+CACHE = f"{ROOT}/cache"      # CUPY_CACHE_DIR and the like
+WRITABLE_DIRS = (WORK, TMP, SHM, HOME, CACHE)
+
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+_BASIC_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+
+
+class SandboxMode(str, enum.Enum):
+    BWRAP = "bwrap"  # a bubblewrap sandbox per request
+    NONE = "none"    # workers run as the server's uid, in the server's namespaces
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-request bounds (0 = no limit)."""
+
+    memory_bytes: int = 2 << 30      # RLIMIT_AS (not applied on GPU workers: CUDA reserves huge address ranges)
+    processes: int = 256             # RLIMIT_NPROC
+    file_bytes: int = 1 << 30        # RLIMIT_FSIZE
+    workspace_bytes: int = 2 << 30   # size of the /kcoral tmpfs (bwrap mode)
+
+
+def _exists(path: str) -> bool:
+    return os.path.lexists(path)
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def python_paths() -> list[str]:
+    """Directories the worker's Python needs: the installation, the virtual environment,
+    sys.path and this project's sources (an editable install points there)."""
+    import kcoral
+    import server
+
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    for pkg in (kcoral, server):
+        paths.add(os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__ or ""))))
+    for p in sys.path:
+        if p and os.path.isdir(p):
+            paths.add(os.path.abspath(p))
+    return sorted(p for p in paths if p and p != "/" and os.path.isdir(p))
+
+
+def gpu_paths() -> tuple[list[str], list[str]]:
+    """(device nodes, read-only paths) a GPU request needs, as far as they exist here."""
+    devices = sorted(set(glob.glob("/dev/nvidia*")) | set(glob.glob("/dev/nvidia-caps/*")))
+    devices = [d for d in devices if not os.path.isdir(d)]
+    ro = [p for p in ("/sys", "/run/nvidia-persistenced", "/usr/local/cuda", "/opt/nvidia") if os.path.exists(p)]
+    return devices, ro
+
+
+@dataclass
+class SandboxPolicy:
+    mode: SandboxMode
+    limits: SandboxLimits
+    uid_base: int = 2_000_000_000       # root only: slot i runs as uid_base + i
+    hidden: list[str] = field(default_factory=list)  # server paths no request may see
+    privileged: bool = field(default_factory=lambda: os.geteuid() == 0)
+    bwrap: str = "bwrap"
+    _ro: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ro = [p for p in _SYSTEM_DIRS if _exists(p)] + python_paths()
+        # Parents first; a path already covered by a bound parent is not bound again.
+        kept: list[str] = []
+        for p in sorted(set(ro), key=lambda s: (s.count("/"), s)):
+            if not any(_inside(p, k) and not os.path.islink(k) for k in kept):
+                kept.append(p)
+        self._ro = kept
+        self.hidden = sorted({os.path.realpath(h) for h in self.hidden if h} | {os.path.abspath(h) for h in self.hidden if h})
+
+    # ------------------------------------------------------------------ identity
+    def uid_for(self, slot: int) -> int | None:
+        """The uid a slot's programs run as (None: the server's own uid)."""
+        if self.mode is SandboxMode.BWRAP and self.privileged:
+            return self.uid_base + slot
+        return None
+
+    @property
+    def uses_userns(self) -> bool:
+        return self.mode is SandboxMode.BWRAP and not self.privileged
+
+    def describe(self) -> dict[str, object]:
+        """For /health."""
+        return {
+            "mode": self.mode.value,
+            "user_namespace": self.uses_userns,
+            "separate_uid": self.mode is SandboxMode.BWRAP and self.privileged,
+            "limits": {"memory_bytes": self.limits.memory_bytes, "processes": self.limits.processes,
+                       "file_bytes": self.limits.file_bytes,
+                       "workspace_bytes": self.limits.workspace_bytes if self.mode is SandboxMode.BWRAP else None},
+        }
+
+    # ------------------------------------------------------------------ bwrap
+    def bwrap_argv(self, gpu: bool, info_fd: int | None = None) -> list[str]:
+        """bwrap's command line; its command prints one line once the sandbox is built and
+        then waits for stdin to close. `info_fd` receives bwrap's JSON (the init's pid)."""
+        a = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts",
+             "--unshare-cgroup-try", "--die-with-parent"]
+        if self.uses_userns:
+            a.append("--unshare-user")
+        # Parents of nested binds (e.g. /root for /root/.pyenv/...) would be made 0700:
+        # create them traversable first.
+        parents = sorted({os.path.dirname(p[:i]) for p in self._ro for i in range(len(p) + 1)
+                          if p[i:i + 1] in ("/", "") and os.path.dirname(p[:i]) not in ("", "/")}
+                         - set(self._ro), key=lambda s: (s.count("/"), s))
+        for d in parents:
+            if not any(_inside(d, k) for k in self._ro):
+                a += ["--perms", "0755", "--dir", d]
+        for p in self._ro:
+            if os.path.islink(p):
+                a += ["--symlink", os.readlink(p), p]
+            else:
+                a += ["--ro-bind", p, p]
+        a += ["--proc", "/proc", "--tmpfs", "/dev"]
+        for d in _BASIC_DEVICES:
+            if _exists(d):
+                a += ["--dev-bind", d, d]
+        a += ["--symlink", "/proc/self/fd", "/dev/fd", "--symlink", "/proc/self/fd/0", "/dev/stdin",
+              "--symlink", "/proc/self/fd/1", "/dev/stdout", "--symlink", "/proc/self/fd/2", "/dev/stderr"]
+        if gpu:
+            devices, ro = gpu_paths()
+            for d in devices:
+                a += ["--dev-bind", d, d]
+            for p in ro:
+                if not any(_inside(p, k) for k in self._ro):
+                    a += ["--ro-bind", p, p]
+        if self.limits.workspace_bytes:
+            a += ["--size", str(self.limits.workspace_bytes)]
+        a += ["--tmpfs", ROOT]
+        for d in WRITABLE_DIRS:
+            a += ["--dir", d]
+        a += ["--symlink", TMP, "/tmp", "--symlink", SHM, "/dev/shm"]
+        # Server state that happens to lie inside a bound directory: hidden behind an empty,
+        # read-only tmpfs (a directory) or /dev/null (a file).
+        for h in self.hidden:
+            if not any(_inside(h, k) for k in self._ro) or not os.path.exists(h):
+                continue
+            if os.path.isdir(h):
+                a += ["--tmpfs", h, "--remount-ro", h]
+            else:
+                a += ["--ro-bind", "/dev/null", h]
+        if info_fd is not None:
+            a += ["--info-fd", str(info_fd)]
+        a += ["--chdir", "/", "--", "/bin/sh", "-c", "echo ready; exec cat >/dev/null"]
+        return a
+
+    def bwrap_env(self) -> dict[str, str]:
+        """bwrap's own environment: nothing of the server's."""
+        return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+    def probe(self) -> str | None:
+        """None if a sandbox can be built here, else why not."""
+        try:
+            out = subprocess.run(self.bwrap_argv(gpu=False), input=b"", capture_output=True,
+                                 env=self.bwrap_env(), timeout=30)
+        except FileNotFoundError:
+            return f"{self.bwrap} (bubblewrap) is not installed"
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"{self.bwrap} could not run: {exc}"
+        if out.returncode != 0 or out.stdout.strip() != b"ready":
+            err = out.stderr.decode(errors="replace").strip()
+            return f"{self.bwrap} failed (status {out.returncode}): {err or 'no message'}"
+        return None
+
+
+def sandbox_env(base: dict[str, str]) -> dict[str, str]:
+    """A sandboxed worker's environment: the worker environment with home, temp and
+    cache folders pointed into the request's tmpfs."""
+    env = dict(base)
+    env.update(HOME=HOME, TMPDIR=TMP, CUPY_CACHE_DIR=f"{CACHE}/cupy", XDG_CACHE_HOME=CACHE)
+    return env
