@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import os
 import signal
 import socket
@@ -23,6 +22,7 @@ from .builtins import MAX_HOLDOUT_SEEDS
 from .channel import FDS_PER_MESSAGE, AsyncChannel, FrameTooLarge
 from .reqlog import log_event
 from .sandbox import SandboxMode, SandboxPolicy
+from .sandboxproc import SandboxProcess
 from .scheduler import LeaseScheduler
 from .workspace import remove_tree
 from .zygote import Zygote
@@ -70,8 +70,7 @@ class WorkerHandle:
         self.zygote = zygote
         self.chan: AsyncChannel | None = None
         self.fd_sock: socket.socket | None = None
-        self.bwrap: asyncio.subprocess.Process | None = None
-        self._pidfd: int | None = None
+        self.box: SandboxProcess | None = None
         self.pid: int | None = None  # the worker's pid (the server's PID namespace)
         self.exited: asyncio.Future[int | str] = asyncio.get_running_loop().create_future()
         self._status_task: asyncio.Task[None] | None = None
@@ -97,30 +96,6 @@ class WorkerHandle:
     def stderr_path(self) -> str:
         return os.path.join(self.dir, "stderr")
 
-    async def _start_sandbox(self) -> int:
-        """Start bwrap; returns its init's pid once the sandbox is built."""
-        info_r, info_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            self.bwrap = await asyncio.create_subprocess_exec(
-                *self.sandbox.bwrap_argv(self.spec.backend == "gpu", info_fd=info_w), pass_fds=(info_w,),
-                start_new_session=True, env=self.sandbox.bwrap_env(), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        finally:
-            os.close(info_w)
-        try:
-            assert self.bwrap.stdout is not None and self.bwrap.stderr is not None
-            line = await asyncio.wait_for(self.bwrap.stdout.readline(), 60)
-            if line.strip() != b"ready":
-                err = await asyncio.wait_for(self.bwrap.stderr.read(4096), 5)
-                raise RuntimeError(f"bwrap failed: {err.decode(errors='replace').strip() or 'no message'}")
-            info = json.loads(os.read(info_r, 1 << 16))  # written before bwrap ran its command
-        finally:
-            os.close(info_r)
-        init_pid = int(info["child-pid"])
-        # A pidfd, taken while the init is known alive, can never signal a reused pid.
-        self._pidfd = os.pidfd_open(init_pid)
-        return init_pid
-
     async def start(self, ready_timeout: float = 120.0) -> None:
         self.dir = tempfile.mkdtemp(prefix="w-", dir=self.run_root)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
@@ -139,7 +114,8 @@ class WorkerHandle:
             }
             if sandboxed:
                 uid = self.sandbox.uid_for(self.spec.slot)
-                spec.update(init_pid=await self._start_sandbox(), userns=self.sandbox.uses_userns,
+                self.box = await SandboxProcess.start(self.sandbox, self.spec.backend == "gpu")
+                spec.update(init_pid=self.box.init_pid, userns=self.sandbox.uses_userns,
                             uid=uid, gid=uid, workdir=sandbox_paths.WORK, own_dirs=list(sandbox_paths.WRITABLE_DIRS),
                             env=sandbox_paths.sandbox_env(self.env))
                 self.workdir = sandbox_paths.WORK
@@ -211,18 +187,8 @@ class WorkerHandle:
             return
         self._ended = True
         self.status = "dead"
-        if self._pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.close(self._pidfd)
-            self._pidfd = None
-        if self.bwrap is not None and self.bwrap.returncode is None:
-            try:
-                self.bwrap.kill()
-            except ProcessLookupError:
-                pass
+        if self.box is not None:
+            self.box.kill()
         if self.sandbox.mode is SandboxMode.NONE and self.pid is not None and not self.exited.done():
             # No PID namespace: the worker's session (the launcher sweeps up any orphans
             # once the worker is dead). The worker stays unreaped until the launcher hears
@@ -246,11 +212,8 @@ class WorkerHandle:
         if self.fd_sock is not None:
             self.fd_sock.close()
             self.fd_sock = None
-        if self.bwrap is not None:
-            try:
-                await asyncio.wait_for(self.bwrap.wait(), 10)
-            except asyncio.TimeoutError:
-                pass
+        if self.box is not None:
+            await self.box.wait()
 
     def remove_files(self) -> None:
         if self.dir:
@@ -414,12 +377,28 @@ class WorkerPool:
         return sum(1 for w in self._waiters if not w.done())
 
     async def start(self) -> None:
+        """Start one worker per slot; a failure here stops the server (it would recur)."""
         await self.zygote.ensure()
-        for slot in self.slots.values():
-            slot.spawning = self._background(self._spawn(slot))
-        await asyncio.gather(*(slot.spawning for slot in self.slots.values() if slot.spawning))
-        if not self._idle:
-            raise RuntimeError("no worker could be started (see the worker_start_failed events)")
+
+        async def first(slot: _Slot) -> WorkerHandle:
+            w = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote)
+            try:
+                await w.start()
+            except BaseException:
+                await w.stop()
+                raise
+            return w
+
+        workers = await asyncio.gather(*(first(slot) for slot in self.slots.values()), return_exceptions=True)
+        errors = [w for w in workers if isinstance(w, BaseException)]
+        if errors:
+            for w in workers:
+                if isinstance(w, WorkerHandle):
+                    await w.stop()
+            raise RuntimeError(f"workers could not start: {errors[0]}") from errors[0]
+        for w in workers:
+            assert isinstance(w, WorkerHandle)
+            self._checkin(w)
 
     def _background(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

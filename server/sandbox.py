@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import glob
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -31,8 +32,9 @@ HOME = f"{ROOT}/home"        # $HOME (CUDA's compute cache, tools' dotfiles)
 CACHE = f"{ROOT}/cache"      # CUPY_CACHE_DIR and the like
 WRITABLE_DIRS = (WORK, TMP, SHM, HOME, CACHE)
 
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-_BASIC_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+READY = b"ready\n"  # what the sandbox's placeholder command echoes once the sandbox is built
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+_BASIC_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
 class SandboxMode(str, enum.Enum):
@@ -60,7 +62,11 @@ def _inside(path: str, parent: str) -> bool:
 
 def python_paths() -> list[str]:
     """Directories the worker's Python needs: the installation, the virtual environment,
-    sys.path and this project's sources (an editable install points there)."""
+    its site-packages and this project's sources (an editable install points there).
+    Not sys.path as a whole: its first entry is often just the directory the server was
+    started from."""
+    import site
+
     import kcoral
     import server
 
@@ -68,17 +74,16 @@ def python_paths() -> list[str]:
              os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
     for pkg in (kcoral, server):
         paths.add(os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__ or ""))))
-    for p in sys.path:
-        if p and os.path.isdir(p):
-            paths.add(os.path.abspath(p))
-    return sorted(p for p in paths if p and p != "/" and os.path.isdir(p))
+    paths.update(site.getsitepackages() + [site.getusersitepackages()])
+    own = (ROOT, "/tmp", "/dev", "/proc")  # the sandbox's own mount points
+    return sorted(p for p in paths if p and p != "/" and os.path.isdir(p) and not any(_inside(p, o) for o in own))
 
 
 def gpu_paths() -> tuple[list[str], list[str]]:
     """(device nodes, read-only paths) a GPU request needs, as far as they exist here."""
     devices = sorted(set(glob.glob("/dev/nvidia*")) | set(glob.glob("/dev/nvidia-caps/*")))
     devices = [d for d in devices if not os.path.isdir(d)]
-    ro = [p for p in ("/sys", "/run/nvidia-persistenced", "/usr/local/cuda", "/opt/nvidia") if os.path.exists(p)]
+    ro = [p for p in ("/sys", "/run/nvidia-persistenced", "/usr/local/cuda", "/opt") if os.path.exists(p)]
     return devices, ro
 
 
@@ -91,6 +96,10 @@ class SandboxPolicy:
     privileged: bool = field(default_factory=lambda: os.geteuid() == 0)
     bwrap: str = "bwrap"
     _ro: list[str] = field(default_factory=list)
+
+    @property
+    def bwrap_path(self) -> str:
+        return shutil.which(self.bwrap) or self.bwrap
 
     def __post_init__(self) -> None:
         ro = [p for p in _SYSTEM_DIRS if _exists(p)] + python_paths()
@@ -128,7 +137,7 @@ class SandboxPolicy:
     def bwrap_argv(self, gpu: bool, info_fd: int | None = None) -> list[str]:
         """bwrap's command line; its command prints one line once the sandbox is built and
         then waits for stdin to close. `info_fd` receives bwrap's JSON (the init's pid)."""
-        a = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts",
+        a = [self.bwrap_path, "--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts",
              "--unshare-cgroup-try", "--die-with-parent"]
         if self.uses_userns:
             a.append("--unshare-user")
@@ -175,7 +184,10 @@ class SandboxPolicy:
                 a += ["--ro-bind", "/dev/null", h]
         if info_fd is not None:
             a += ["--info-fd", str(info_fd)]
-        a += ["--chdir", "/", "--", "/bin/sh", "-c", "echo ready; exec cat >/dev/null"]
+        # The command holds the sandbox open until its stdin closes; it echoes the line the
+        # server writes first, which tells the server the sandbox is built. As PID 1 it
+        # ignores every signal a program can send it.
+        a += ["--as-pid-1", "--chdir", "/", "--", "/bin/cat"]
         return a
 
     def bwrap_env(self) -> dict[str, str]:
@@ -184,14 +196,16 @@ class SandboxPolicy:
 
     def probe(self) -> str | None:
         """None if a sandbox can be built here, else why not."""
+        if shutil.which(self.bwrap) is None:
+            return f"{self.bwrap} (bubblewrap) is not installed (not on PATH)"
         try:
-            out = subprocess.run(self.bwrap_argv(gpu=False), input=b"", capture_output=True,
+            out = subprocess.run(self.bwrap_argv(gpu=False), input=READY, capture_output=True,
                                  env=self.bwrap_env(), timeout=30)
         except FileNotFoundError:
             return f"{self.bwrap} (bubblewrap) is not installed"
         except (OSError, subprocess.SubprocessError) as exc:
             return f"{self.bwrap} could not run: {exc}"
-        if out.returncode != 0 or out.stdout.strip() != b"ready":
+        if out.returncode != 0 or out.stdout != READY:
             err = out.stderr.decode(errors="replace").strip()
             return f"{self.bwrap} failed (status {out.returncode}): {err or 'no message'}"
         return None

@@ -1,27 +1,32 @@
 """The zygote: a preloaded process that forks one single-use worker per request.
 
 Starting Python and importing NumPy costs ~0.3 s of CPU, too much to pay per request;
-forking a process that has already done so costs about a millisecond. The zygote never
+forking a process that has already done so costs a few milliseconds. The zygote never
 runs program code. For each spawn the server sends it (over a SOCK_SEQPACKET socket) a
-JSON spec and the worker's file descriptors; it forks a *launcher*, which
+JSON spec and the worker's file descriptors; it forks the worker, which
 
 1. joins the request's sandbox (the namespaces of the bwrap init whose pid the spec
    names; its root becomes ours), unless the server runs with `--sandbox none`;
-2. forks the worker, which sets the limits, drops privileges and serves one program;
-3. waits for the worker and writes its wait status to the status pipe, so the server
-   learns of a crash even when a daemon the program left holds the worker's socket open.
+2. sets the limits, drops privileges and serves one program;
 
-The launcher stays in the server's PID namespace (setns(CLONE_NEWPID) only moves
-children), so programs cannot see or signal it. Run as `python -m server.zygote --fd N`.
+and writes the worker's wait status to the status pipe when it ends, so the server learns
+of a crash even when a daemon the program left holds the worker's socket open.
+
+As root the zygote forks the worker straight into the sandbox's PID namespace (it sets
+the namespace for its children, forks, and sets its own back) and reports the worker's
+end itself; a launcher is needed only to join a user namespace (the server is not root).
+Zygote and launcher stay in the server's PID namespace, invisible to programs. Run as
+`python -m server.zygote --fd N`.
 """
 from __future__ import annotations
 
 import argparse
 import array
-import asyncio
+import gc
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import sys
@@ -57,34 +62,137 @@ def _recv_spawn(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     return json.loads(msg), fds
 
 
+class _Zygote:
+    """The fork loop: spawn requests on the control socket, child exits via SIGCHLD."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.workers: dict[int, int] = {}  # pid of a worker forked here -> its status pipe
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
+        # Without a PID namespace (--sandbox none) a dead worker's orphans come here: they
+        # are killed (see _reap).
+        privs.become_subreaper()
+
+    def serve(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.sock, self.wake_r], [], [])
+            if self.wake_r in ready:
+                while True:
+                    try:
+                        if not os.read(self.wake_r, 4096):
+                            break
+                    except BlockingIOError:
+                        break
+                self._reap()
+            if self.sock in ready:
+                try:
+                    got = _recv_spawn(self.sock)
+                except (ConnectionError, OSError):
+                    return
+                if got is None:
+                    return
+                spec, fds = got
+                try:
+                    if len(fds) == len(FD_NAMES):
+                        self._spawn(spec, dict(zip(FD_NAMES, fds)))
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+
+    def _spawn(self, spec: dict[str, Any], fds: dict[str, int]) -> None:
+        init_pid = spec.get("init_pid")
+        if init_pid and spec.get("userns"):
+            # Joining a user namespace needs a single-threaded process with no capability
+            # in ours: a launcher child joins, forks the worker and reports on it.
+            if os.fork() == 0:
+                self._child_setup()
+                _launcher(spec, fds)
+            return
+        pidns = os.open(f"/proc/{init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if init_pid else -1
+        try:
+            if pidns >= 0:
+                # Our children are born in the sandbox's PID namespace (we stay in ours).
+                privs.setns(pidns, Namespace.PID)
+            try:
+                pid = os.fork()
+            finally:
+                if pidns >= 0 and pid != 0:
+                    privs.setns(self.own_pidns, Namespace.PID)
+        finally:
+            if pidns >= 0:
+                os.close(pidns)
+        if pid == 0:
+            self._child_setup()
+            code = 1
+            try:
+                if init_pid:
+                    _join(int(init_pid), userns=False, pid=False)
+                    _own_dirs(spec)
+                os.chdir(spec["workdir"])
+            except BaseException as exc:  # noqa: BLE001
+                _report(fds["status"], f"error {type(exc).__name__}: {exc}")
+                os._exit(code)
+            _worker(spec, fds)  # never returns
+        self.workers[pid] = os.dup(fds["status"])
+        _report(self.workers[pid], f"pid {pid}")
+
+    def _child_setup(self) -> None:
+        self.sock.close()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in (self.wake_r, self.own_pidns, *self.workers.values()):
+            os.close(fd)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, wstatus = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            status_fd = self.workers.pop(pid, None)
+            if status_fd is None:
+                continue  # a launcher (it reported itself) or an orphan already dead
+            _kill_orphans(self.workers)
+            _report(status_fd, f"exit {os.waitstatus_to_exitcode(wstatus)}")
+            os.close(status_fd)
+
+
+def _kill_orphans(workers: dict[int, int]) -> None:
+    """Children of ours that are not workers: processes a dead worker left behind
+    (--sandbox none; with a sandbox they die with its PID namespace)."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as f:
+            pids = [int(x) for x in f.read().split()]
+    except OSError:
+        return
+    for pid in pids:
+        if pid not in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m server.zygote")
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args()
     privs.die_with_parent()
     privs.set_dumpable(False)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # launchers are reaped by the kernel
     _preload()
+    # Objects the zygote made are shared copy-on-write with every fork: keep the garbage
+    # collector from walking (and so copying) them in each child.
+    gc.collect()
+    gc.freeze()
     sock = socket.socket(fileno=args.fd)
+    zygote = _Zygote(sock)
     sock.send(b"ready")
-    while True:
-        try:
-            got = _recv_spawn(sock)
-        except (ConnectionError, OSError):
-            return
-        if got is None:
-            return
-        spec, fds = got
-        if len(fds) != len(FD_NAMES):
-            for fd in fds:
-                os.close(fd)
-            continue
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            _launcher(spec, dict(zip(FD_NAMES, fds)))  # never returns
-        for fd in fds:
-            os.close(fd)
+    zygote.serve()
 
 
 # ---------------------------------------------------------------------- launcher
@@ -95,10 +203,10 @@ def _report(status_fd: int, text: str) -> None:
         pass
 
 
-def _join(init_pid: int, userns: bool) -> None:
+def _join(init_pid: int, userns: bool, pid: bool = True) -> None:
     """Enter the sandbox of bwrap's init `init_pid`: its namespaces and its root."""
     kinds = [Namespace.USER] if userns else []
-    kinds += [Namespace.IPC, Namespace.UTS, Namespace.NET, Namespace.MNT, Namespace.PID]
+    kinds += [Namespace.IPC, Namespace.UTS, Namespace.NET, Namespace.MNT] + ([Namespace.PID] if pid else [])
     nsfds = {k: os.open(f"/proc/{init_pid}/ns/{k.proc_name}", os.O_RDONLY | os.O_CLOEXEC) for k in kinds}
     root = os.open(f"/proc/{init_pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -113,46 +221,25 @@ def _join(init_pid: int, userns: bool) -> None:
             os.close(fd)
 
 
-def _kill_descendants() -> None:
-    """Without a PID namespace (`--sandbox none`): kill what the program left behind.
-    The launcher is a subreaper, so orphans (double forks, setsid daemons) are its
-    children; a killed process's own children come back to it, hence the rounds."""
-    for _ in range(100):
-        try:
-            with open(f"/proc/self/task/{os.getpid()}/children") as f:
-                pids = [int(x) for x in f.read().split()]
-        except OSError:
-            return
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+def _own_dirs(spec: dict[str, Any]) -> None:
+    """The tmpfs's folders belong to the uid the program runs as, private to it."""
+    uid, gid = spec.get("uid"), spec.get("gid")
+    for d in spec.get("own_dirs", []):
+        if uid is not None:
+            os.chown(d, uid, gid)
+        os.chmod(d, 0o700)
 
 
 def _launcher(spec: dict[str, Any], fds: dict[str, int]) -> None:
+    """User-namespace mode: join the sandbox, fork the worker into it, report its end."""
     status = fds["status"]
     code = 1
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
         privs.die_with_parent()
-        uid, gid = spec.get("uid"), spec.get("gid")
-        if spec.get("init_pid"):
-            _join(int(spec["init_pid"]), bool(spec.get("userns")))
-            for d in spec.get("own_dirs", []):
-                if uid is not None:
-                    os.chown(d, uid, gid)
-                os.chmod(d, 0o700)
+        _join(int(spec["init_pid"]), userns=True)
+        _own_dirs(spec)
         os.chdir(spec["workdir"])
-        privs.become_subreaper()
         worker = os.fork()
         if worker == 0:
             _worker(spec, fds)  # never returns
@@ -160,8 +247,6 @@ def _launcher(spec: dict[str, Any], fds: dict[str, int]) -> None:
         os.closerange(status + 1, 1 << 16)
         _report(status, f"pid {worker}")
         _, wstatus = os.waitpid(worker, 0)
-        if not spec.get("init_pid"):
-            _kill_descendants()
         _report(status, f"exit {os.waitstatus_to_exitcode(wstatus)}")
         code = 0
     except BaseException as exc:  # noqa: BLE001 - the server reads the reason from the status pipe
@@ -218,9 +303,13 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
 
 # ---------------------------------------------------------------------- server side
 class Zygote:
-    """The server's handle on its zygote process (started once, restarted if it dies)."""
+    """The server's handle on its zygote process (started once, restarted if it dies).
+    (asyncio is imported here, not at the top: the zygote process itself never needs it,
+    and every module it imports makes each fork costlier.)"""
 
     def __init__(self, env: dict[str, str], cwd: str) -> None:
+        import asyncio
+
         self.env = env
         self.cwd = cwd
         self.proc: asyncio.subprocess.Process | None = None
@@ -228,6 +317,8 @@ class Zygote:
         self._lock = asyncio.Lock()
 
     async def _start(self) -> None:
+        import asyncio
+
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -253,6 +344,8 @@ class Zygote:
                 await self._start()
 
     async def spawn(self, spec: dict[str, Any], fds: dict[str, int]) -> None:
+        import asyncio
+
         await self.ensure()
         assert self.sock is not None
         data = json.dumps(spec).encode()
