@@ -81,3 +81,44 @@ def drop_capabilities() -> None:
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     _check(_libc.capset(ctypes.byref(header), data))
+
+
+# ---------------------------------------------------------------------- seccomp
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_RET_ALLOW = 0x7FFF0000
+_RET_EPERM = 0x00050000 | 1
+_LD_ABS_W, _JEQ_K, _RET_K = 0x20, 0x15, 0x06
+# (audit arch, setsid syscall numbers) of the architectures we filter on.
+_SETSID = {"x86_64": (0xC000003E, (112, 0x40000000 | 112)), "aarch64": (0xC00000B7, (157,))}
+
+
+def forbid_new_sessions() -> bool:
+    """setsid() fails with EPERM from now on, in this process and its descendants.
+
+    The scheduler shares CPU fairly between sessions (autogroups): a request whose
+    processes cannot leave its worker's session gets one share however many it forks.
+    Needs no-new-privs first. False where the architecture is not known here."""
+    arch = _SETSID.get(os.uname().machine)
+    if arch is None:
+        return False
+    audit, numbers = arch
+    n = len(numbers)
+    # Jumps are relative to the next instruction: [0] load arch, [1] other arch -> allow,
+    # [2] load syscall number, [3..2+n] setsid -> deny, [3+n] allow, [4+n] deny.
+    prog = [_SockFilter(_LD_ABS_W, 0, 0, 4), _SockFilter(_JEQ_K, 0, 1 + n, audit), _SockFilter(_LD_ABS_W, 0, 0, 0)]
+    prog += [_SockFilter(_JEQ_K, n - i, 0, nr) for i, nr in enumerate(numbers)]
+    prog += [_SockFilter(_RET_K, 0, 0, _RET_ALLOW), _SockFilter(_RET_K, 0, 0, _RET_EPERM)]
+    filters = (_SockFilter * len(prog))(*prog)
+    fprog = _SockFprog(len(prog), filters)
+    _check(_libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(fprog),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0)))
+    return True

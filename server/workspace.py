@@ -2,7 +2,7 @@
 
 Every path is walked one component at a time with `dir_fd` and O_NOFOLLOW, so a symbolic
 link planted by earlier program code can never redirect a write or a read outside the
-workspace. Used by the server (create/remove) and the worker (files in and out).
+workspace. Used by the worker (files in and out) and the server (removing folders).
 """
 from __future__ import annotations
 
@@ -57,28 +57,6 @@ def read_blob(blob: BlobRef) -> bytearray:
         raise BlobCorrupted(f"cached blob {blob.verify} does not match its digest (it was rewritten); "
                             "the server dropped it, send it again", blob.verify)
     return data
-
-
-@dataclass(frozen=True)
-class RequestDirs:
-    base: str  # holds the captured stdout/stderr, outside the working directory
-    work: str  # the program's working directory
-
-    @property
-    def stdout_path(self) -> str:
-        return os.path.join(self.base, "stdout")
-
-    @property
-    def stderr_path(self) -> str:
-        return os.path.join(self.base, "stderr")
-
-
-def create_request_dirs(root: str, request_id: str) -> RequestDirs:
-    base = os.path.join(root, f"req-{request_id}")
-    os.mkdir(base, 0o700)
-    work = os.path.join(base, "work")
-    os.mkdir(work, 0o700)
-    return RequestDirs(base, work)
 
 
 def remove_tree(path: str) -> None:

@@ -282,6 +282,10 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
         elif spec.get("userns"):
             privs.drop_capabilities()
         privs.set_no_new_privs()
+        if spec.get("init_pid"):
+            # Every process of the request stays in this session, so the scheduler's
+            # per-session fairness bounds the request's CPU share however many it forks.
+            privs.forbid_new_sessions()
         os.environ.clear()
         os.environ.update(spec["env"])
         from .worker import serve

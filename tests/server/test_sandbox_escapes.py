@@ -351,7 +351,8 @@ def test_a_daemon_left_by_a_crashed_program_neither_survives_nor_holds_the_reque
     # A double-forked daemon survived its request and held the worker's socket, so the
     # request hung for its full timeout.
     marker = unique_sleep()
-    attack = (f"def main():\n    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n"
+    attack = (f"def main():\n    if os.fork() == 0:\n        try:\n            os.setsid()\n"
+              f"        except OSError:\n            pass\n        if os.fork() == 0:\n"
               f"            os.execvp('sleep', ['sleep', '{marker}'])\n        os._exit(0)\n"
               f"    time.sleep(0.5)\n    os._exit(3)\n")
     t0 = time.monotonic()
@@ -446,3 +447,68 @@ def test_without_bubblewrap_the_server_refuses_to_run_unsandboxed(tmp_path) -> N
         assert weak.health()["sandbox"]["mode"] == "none"
         with Client(weak.url) as c:
             assert c.execute(function_program("def main():\n    return 1\n"), timeout_seconds=30).results["out"] == 1
+
+
+# ---------------------------------------------------------------------- availability
+HOSTILE = (
+    "import os, time\n"
+    "def main():\n"
+    "    for _ in range(500):\n"          # as many CPU burners as the process limit allows
+    "        try:\n"
+    "            if os.fork() == 0:\n"
+    "                try:\n                    os.setsid()\n                except OSError:\n                    pass\n"
+    "                while True:\n                    pass\n"
+    "        except OSError:\n"
+    "            break\n"
+    "    try:\n        os.kill(os.getppid(), 19)\n    except OSError:\n        pass\n"
+    "    while True:\n        pass\n"
+)
+
+
+def _good_throughput(url: str, clients: int, seconds: float) -> float:
+    done = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def go(i: int) -> None:
+        with Client(url, token=TOKEN) as c:
+            prog = function_program("def main():\n    return 1\n")
+            while time.monotonic() < stop:
+                if c.execute(prog, timeout_seconds=30).status == "COMPLETED":
+                    done[i] += 1
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / seconds
+
+
+def test_well_behaved_clients_keep_half_their_throughput_when_a_quarter_is_hostile() -> None:
+    # Four clients on four workers, one of them hostile: its programs fork CPU burners up
+    # to the process limit, try to stop the server and run until their timeout.
+    marker_stop = threading.Event()
+    with ServerProcess(["--cpu-workers", "4"], env={"KCORAL_SERVER_TOKEN": TOKEN}) as srv:
+        _good_throughput(srv.url, 3, 1.0)  # warm-up
+        alone = _good_throughput(srv.url, 3, 4.0)
+
+        def hostile() -> None:
+            with Client(srv.url, token=TOKEN) as c:
+                prog = function_program(HOSTILE)
+                while not marker_stop.is_set():
+                    try:
+                        c.execute(prog, timeout_seconds=3)
+                    except Exception:  # noqa: BLE001 - its timeouts are expected
+                        pass
+
+        attacker = threading.Thread(target=hostile)
+        attacker.start()
+        try:
+            time.sleep(1.0)
+            shared = _good_throughput(srv.url, 3, 4.0)
+        finally:
+            marker_stop.set()
+            attacker.join()
+        assert _alive_and_healthy(srv)
+    print(f"well-behaved throughput {alone:.0f}/s alone, {shared:.0f}/s beside a hostile client")
+    assert shared >= 0.5 * alone, f"well-behaved throughput fell from {alone:.0f}/s to {shared:.0f}/s"
