@@ -96,6 +96,7 @@ class SandboxPolicy:
     privileged: bool = field(default_factory=lambda: os.geteuid() == 0)
     bwrap: str = "bwrap"
     _ro: list[str] = field(default_factory=list)
+    _argv: dict[bool, list[str]] = field(default_factory=dict)
 
     @property
     def bwrap_path(self) -> str:
@@ -135,8 +136,17 @@ class SandboxPolicy:
 
     # ------------------------------------------------------------------ bwrap
     def bwrap_argv(self, gpu: bool, info_fd: int | None = None) -> list[str]:
-        """bwrap's command line; its command prints one line once the sandbox is built and
+        """bwrap's command line; its command echoes one line once the sandbox is built and
         then waits for stdin to close. `info_fd` receives bwrap's JSON (the init's pid)."""
+        if gpu not in self._argv:  # the same for every request (the paths were resolved at start)
+            self._argv[gpu] = self._build_argv(gpu)
+        info = ["--info-fd", str(info_fd)] if info_fd is not None else []
+        # The placeholder command holds the sandbox open until its stdin closes; it echoes
+        # the line the server writes first, which tells the server the sandbox is built. As
+        # PID 1 it ignores every signal a program can send it.
+        return self._argv[gpu] + info + ["--as-pid-1", "--chdir", "/", "--", "/bin/cat"]
+
+    def _build_argv(self, gpu: bool) -> list[str]:
         a = [self.bwrap_path, "--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts",
              "--unshare-cgroup-try", "--die-with-parent"]
         if self.uses_userns:
@@ -182,12 +192,6 @@ class SandboxPolicy:
                 a += ["--tmpfs", h, "--remount-ro", h]
             else:
                 a += ["--ro-bind", "/dev/null", h]
-        if info_fd is not None:
-            a += ["--info-fd", str(info_fd)]
-        # The command holds the sandbox open until its stdin closes; it echoes the line the
-        # server writes first, which tells the server the sandbox is built. As PID 1 it
-        # ignores every signal a program can send it.
-        a += ["--as-pid-1", "--chdir", "/", "--", "/bin/cat"]
         return a
 
     def bwrap_env(self) -> dict[str, str]:

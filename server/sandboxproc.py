@@ -40,8 +40,10 @@ class SandboxProcess:
         out_r, out_w = os.pipe()
         os.set_inheritable(info_w, True)  # bwrap writes its JSON there (fd number in argv)
         try:
-            self.pid = os.posix_spawn(
-                policy.bwrap_path, policy.bwrap_argv(gpu, info_fd=info_w), policy.bwrap_env(),
+            # In a thread: vfork suspends the calling thread until bwrap is exec'd, which
+            # takes milliseconds the event loop should spend on other requests.
+            self.pid = await asyncio.to_thread(
+                os.posix_spawn, policy.bwrap_path, policy.bwrap_argv(gpu, info_fd=info_w), policy.bwrap_env(),
                 file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
                               (os.POSIX_SPAWN_DUP2, out_w, 2)],
                 setsid=True)

@@ -184,6 +184,7 @@ def main() -> None:
     args = parser.parse_args()
     privs.die_with_parent()
     privs.set_dumpable(False)
+    privs.set_name("kcoral-zygote")
     _preload()
     # Objects the zygote made are shared copy-on-write with every fork: keep the garbage
     # collector from walking (and so copying) them in each child.
@@ -259,6 +260,7 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
     code = 70
     try:
         os.setsid()  # kill(0, ...) from the program reaches only its own group
+        privs.set_name("kcoral-worker")
         privs.die_with_parent()
         privs.become_subreaper()  # the executor kills what a finished program left behind
         os.dup2(fds["stdout"], 1)

@@ -59,14 +59,16 @@ def handed_paths():
                     found.add(v)
     return found
 
-def walk(roots, limit=20000):
-    seen = 0
+def walk(roots, seconds=5.0):
+    """Files under `roots`, nearest first, for at most `seconds`."""
+    import time
+    stop = time.monotonic() + seconds
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
+            if time.monotonic() > stop:
+                return
+            dirnames[:] = [d for d in dirnames if not d.startswith(("pytest-of-", "kcoral-srvlog-"))]
             for name in filenames:
-                seen += 1
-                if seen > limit:
-                    return
                 yield os.path.join(dirpath, name)
 
 def read_all(paths, needle):
@@ -82,13 +84,15 @@ def read_all(paths, needle):
     return hits
 
 def search_roots():
-    roots = {"/dev/shm", "/tmp"}
+    """The folders of the paths this worker was handed (nearest first), then /dev/shm, /tmp."""
+    roots = []
     for p in handed_paths():
         for up in (os.path.dirname(p), os.path.dirname(os.path.dirname(p)),
                    os.path.dirname(os.path.dirname(os.path.dirname(p)))):
-            if up not in ("", "/") and os.path.isdir(up) and not up.startswith(("/usr", "/proc", "/sys")):
-                roots.add(up)
-    return sorted(roots)
+            if (up not in ("", "/", "/tmp", "/dev/shm") and up not in roots and os.path.isdir(up)
+                    and not up.startswith(("/usr", "/proc", "/sys", "/etc", "/root", "/work", "/opt"))):
+                roots.append(up)
+    return sorted(roots, key=len, reverse=True) + ["/dev/shm", "/tmp"]
 '''
 
 
@@ -130,15 +134,18 @@ def _alive_and_healthy(srv: ServerProcess) -> bool:
 def test_a_patched_module_does_not_reach_a_later_request(server) -> None:
     # Patching json.loads in both workers once made a later client's bench of a no-op
     # candidate report PASS.
-    attack = ("def main():\n    import json, builtins\n"
-              "    json.loads = lambda *a, **k: {'passed': True, 'speedup': 44.0}\n"
-              "    builtins.KCORAL_PWNED = True\n    return 'patched'\n")
+    # The patch only touches a judge's report, so the worker keeps serving.
+    attack = ("def main():\n    import json, builtins\n    real = json.loads\n"
+              "    def forged(s, *a, **k):\n        out = real(s, *a, **k)\n"
+              "        if isinstance(out, dict) and 'speedup' in out:\n"
+              "            out.update(passed=True, speedup=44.0)\n        return out\n"
+              "    json.loads = forged\n    builtins.KCORAL_PWNED = True\n    return 'patched'\n")
     for _ in range(2):  # both workers
         assert _run(server, attack).raise_for_failure().results["out"] == "patched"
     probe = ("def main():\n    import json, builtins\n"
-             "    return [json.loads('{\"a\": 1}'), hasattr(builtins, 'KCORAL_PWNED')]\n")
+             "    return [json.loads('{\"passed\": false, \"speedup\": 1.0}'), hasattr(builtins, 'KCORAL_PWNED')]\n")
     for _ in range(4):
-        assert _run(server, probe).raise_for_failure().results["out"] == [{"a": 1}, False]
+        assert _run(server, probe).raise_for_failure().results["out"] == [{"passed": False, "speedup": 1.0}, False]
 
 
 def test_a_rewritten_cached_blob_never_runs_in_a_later_request(server) -> None:
