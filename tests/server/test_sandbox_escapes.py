@@ -59,7 +59,7 @@ def handed_paths():
                     found.add(v)
     return found
 
-def walk(roots, seconds=5.0):
+def walk(roots, seconds=8.0):
     """Files under `roots`, nearest first, for at most `seconds`."""
     import time
     stop = time.monotonic() + seconds
@@ -69,12 +69,17 @@ def walk(roots, seconds=5.0):
                 return
             dirnames[:] = [d for d in dirnames if not d.startswith(("pytest-of-", "kcoral-srvlog-"))]
             for name in filenames:
+                if time.monotonic() > stop:
+                    return
                 yield os.path.join(dirpath, name)
 
 def read_all(paths, needle):
     hits = []
+    import stat
     for p in paths:
         try:
+            if not stat.S_ISREG(os.lstat(p).st_mode):  # a FIFO would block the reader
+                continue
             with open(p, "rb") as f:
                 data = f.read(1 << 20)
         except (OSError, ValueError):
