@@ -117,7 +117,7 @@ class WorkerHandle:
                 self.box = await SandboxProcess.start(self.sandbox, self.spec.backend == "gpu")
                 spec.update(init_pid=self.box.init_pid, userns=self.sandbox.uses_userns,
                             uid=uid, gid=uid, workdir=sandbox_paths.WORK, own_dirs=list(sandbox_paths.WRITABLE_DIRS),
-                            env=sandbox_paths.sandbox_env(self.env))
+                            env=self.sandbox.sandbox_env(self.env))
                 self.workdir = sandbox_paths.WORK
             else:
                 work = os.path.join(self.dir, "work")

@@ -29,6 +29,7 @@ WORK = f"{ROOT}/work"        # the program's working directory (its workspace)
 TMP = f"{ROOT}/tmp"          # /tmp and $TMPDIR
 SHM = f"{ROOT}/shm"          # /dev/shm
 HOME = f"{ROOT}/home"        # $HOME (CUDA's compute cache, tools' dotfiles)
+TOOLS = "/run/kcoral/path"   # server PATH directories that cannot appear at their own path
 CACHE = f"{ROOT}/cache"      # CUPY_CACHE_DIR and the like
 WRITABLE_DIRS = (WORK, TMP, SHM, HOME, CACHE)
 
@@ -97,6 +98,7 @@ class SandboxPolicy:
     bwrap: str = "bwrap"
     _ro: list[str] = field(default_factory=list)
     _argv: dict[bool, list[str]] = field(default_factory=dict)
+    _path: list[tuple[str, str]] = field(default_factory=list)  # (host dir, sandbox dir) of $PATH
 
     @property
     def bwrap_path(self) -> str:
@@ -110,7 +112,35 @@ class SandboxPolicy:
             if not any(_inside(p, k) and not os.path.islink(k) for k in kept):
                 kept.append(p)
         self._ro = kept
+        self._path = self._tool_dirs()
         self.hidden = sorted({os.path.realpath(h) for h in self.hidden if h} | {os.path.abspath(h) for h in self.hidden if h})
+
+    def _tool_dirs(self) -> list[tuple[str, str]]:
+        """The server's $PATH directories, so the tools it offers (ncu, compute-sanitizer,
+        nvcc, ...) are there for programs too: read-only, at their own path, or under TOOLS
+        where that path is one of the sandbox's own (/tmp, /kcoral, /dev, /proc)."""
+        out: list[tuple[str, str]] = []
+        own = (ROOT, "/tmp", "/dev", "/proc", "/run")
+        for d in os.environ.get("PATH", "").split(os.pathsep):
+            if not d.startswith("/") or not os.path.isdir(d):
+                continue
+            d = os.path.normpath(d)
+            if any(_inside(d, k) for k in self._ro) or any(h == d for h, _ in out):
+                out.append((d, d))
+            elif any(_inside(d, o) for o in own):
+                out.append((d, f"{TOOLS}/{len(out)}"))
+            else:
+                out.append((d, d))
+        return out
+
+    def sandbox_env(self, base: dict[str, str]) -> dict[str, str]:
+        """A sandboxed worker's environment: the worker environment with home, temp and
+        cache folders pointed into the request's tmpfs, and $PATH as the sandbox shows it."""
+        env = dict(base)
+        env.update(HOME=HOME, TMPDIR=TMP, CUPY_CACHE_DIR=f"{CACHE}/cupy", XDG_CACHE_HOME=CACHE)
+        if self._path:
+            env["PATH"] = os.pathsep.join(dict.fromkeys(inside for _, inside in self._path))
+        return env
 
     # ------------------------------------------------------------------ identity
     def uid_for(self, slot: int) -> int | None:
@@ -153,9 +183,11 @@ class SandboxPolicy:
             a.append("--unshare-user")
         # Parents of nested binds (e.g. /root for /root/.pyenv/...) would be made 0700:
         # create them traversable first.
-        parents = sorted({os.path.dirname(p[:i]) for p in self._ro for i in range(len(p) + 1)
+        tools = [(h, i) for h, i in dict.fromkeys(self._path) if not any(_inside(h, k) for k in self._ro)]
+        dests = self._ro + [i for _, i in tools]
+        parents = sorted({os.path.dirname(p[:i]) for p in dests for i in range(len(p) + 1)
                           if p[i:i + 1] in ("/", "") and os.path.dirname(p[:i]) not in ("", "/")}
-                         - set(self._ro), key=lambda s: (s.count("/"), s))
+                         - set(dests), key=lambda s: (s.count("/"), s))
         for d in parents:
             if not any(_inside(d, k) for k in self._ro):
                 a += ["--perms", "0755", "--dir", d]
@@ -164,6 +196,8 @@ class SandboxPolicy:
                 a += ["--symlink", os.readlink(p), p]
             else:
                 a += ["--ro-bind", p, p]
+        for host, inside in tools:
+            a += ["--ro-bind", host, inside]
         a += ["--proc", "/proc", "--tmpfs", "/dev"]
         for d in _BASIC_DEVICES:
             if _exists(d):
@@ -214,10 +248,3 @@ class SandboxPolicy:
             return f"{self.bwrap} failed (status {out.returncode}): {err or 'no message'}"
         return None
 
-
-def sandbox_env(base: dict[str, str]) -> dict[str, str]:
-    """A sandboxed worker's environment: the worker environment with home, temp and
-    cache folders pointed into the request's tmpfs."""
-    env = dict(base)
-    env.update(HOME=HOME, TMPDIR=TMP, CUPY_CACHE_DIR=f"{CACHE}/cupy", XDG_CACHE_HOME=CACHE)
-    return env
