@@ -343,17 +343,24 @@ def _describe_exit(code: int | str | None, exc: BaseException) -> str:
 
 @dataclass
 class _Slot:
-    """One unit of concurrency: the worker running a program, and its successor."""
+    """One unit of concurrency: its current worker (idle or running a program) and the
+    workers started ahead of need to succeed it."""
 
     spec: WorkerSpec
-    busy: WorkerHandle | None = None
-    ready: WorkerHandle | None = None       # started ahead of need, waiting for `busy` to end
-    spawning: asyncio.Task[None] | None = None
+    current: WorkerHandle | None = None
+    ready: collections.deque[WorkerHandle] = field(default_factory=collections.deque)
+    spawning: int = 0
+
+
+# Successors kept started per slot. Two on CPU, so a slot keeps up with back-to-back
+# programs while a sandbox takes longer to build than a short program takes to run; one
+# on a GPU, where each waiting worker holds a CUDA context.
+AHEAD = {"cpu": 2, "virtual": 2, "gpu": 1}
 
 
 class WorkerPool:
     """Idle workers handed out first come first served. Every worker serves one program;
-    its successor starts when it is handed out, so it is usually ready when it ends."""
+    its successors are started ahead of need, so one is usually ready when it ends."""
 
     def __init__(self, specs: list[WorkerSpec], env_for: Callable[[WorkerSpec], dict[str, str]], run_root: str,
                  leases: LeaseScheduler | None, sandbox: SandboxPolicy, zygote: Zygote) -> None:
@@ -396,9 +403,11 @@ class WorkerPool:
                 if isinstance(w, WorkerHandle):
                     await w.stop()
             raise RuntimeError(f"workers could not start: {errors[0]}") from errors[0]
-        for w in workers:
+        for slot, w in zip(self.slots.values(), workers):
             assert isinstance(w, WorkerHandle)
+            slot.current = w
             self._checkin(w)
+            self._fill(slot)
 
     def _background(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -406,28 +415,38 @@ class WorkerPool:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def _fill(self, slot: _Slot) -> None:
+        """Start successors until AHEAD of them are ready or starting."""
+        while not self.closing and len(slot.ready) + slot.spawning < AHEAD.get(slot.spec.backend, 1):
+            slot.spawning += 1
+            self._background(self._spawn(slot))
+
     async def _spawn(self, slot: _Slot) -> None:
-        """Start the slot's next worker (retrying with backoff); idle once the slot is free."""
+        """Start one worker for the slot (retrying with backoff); it waits in `ready` or,
+        if the slot has no current worker, becomes idle at once."""
         delay = 0.5
-        while not self.closing:
-            fresh = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote)
-            try:
-                await fresh.start()
-            except Exception as exc:  # noqa: BLE001 - keep trying; log why
-                log_event("worker_start_failed", worker_id=slot.spec.worker_id, error=f"{type(exc).__name__}: {exc}")
-                await fresh.stop()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30)
-                continue
-            if self.closing:
-                await fresh.stop()
+        try:
+            while not self.closing:
+                fresh = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote)
+                try:
+                    await fresh.start()
+                except Exception as exc:  # noqa: BLE001 - keep trying; log why
+                    log_event("worker_start_failed", worker_id=slot.spec.worker_id,
+                              error=f"{type(exc).__name__}: {exc}")
+                    await fresh.stop()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30)
+                    continue
+                if self.closing:
+                    await fresh.stop()
+                elif slot.current is None:
+                    slot.current = fresh
+                    self._checkin(fresh)
+                else:
+                    slot.ready.append(fresh)
                 return
-            slot.spawning = None
-            if slot.busy is None:
-                self._checkin(fresh)
-            else:
-                slot.ready = fresh
-            return
+        finally:
+            slot.spawning -= 1
 
     def _pick(self) -> WorkerHandle:
         # Prefer a worker whose GPU has the shortest lease line.
@@ -439,10 +458,7 @@ class WorkerPool:
 
     def _hand_out(self, worker: WorkerHandle) -> WorkerHandle:
         worker.status = "busy"
-        slot = self.slots[worker.worker_id]
-        slot.busy = worker
-        if slot.spawning is None and slot.ready is None and not self.closing:
-            slot.spawning = self._background(self._spawn(slot))  # the successor, ahead of need
+        self._fill(self.slots[worker.worker_id])
         return worker
 
     async def checkout(self, timeout: float) -> WorkerHandle:
@@ -474,19 +490,18 @@ class WorkerPool:
         worker.end()
         self._background(worker.dispose())
         slot = self.slots[worker.worker_id]
-        if slot.busy is worker:
-            slot.busy = None
-        if slot.ready is not None:
-            fresh, slot.ready = slot.ready, None
-            self._checkin(fresh)
-        elif slot.spawning is None and not self.closing:
-            slot.spawning = self._background(self._spawn(slot))
+        if slot.current is worker:
+            slot.current = None
+        if slot.ready and not self.closing:
+            slot.current = slot.ready.popleft()
+            self._checkin(slot.current)
+        self._fill(slot)
 
     async def close(self) -> None:
         self.closing = True
         for t in list(self._tasks):
             t.cancel()
-        handles = [h for slot in self.slots.values() for h in (slot.busy, slot.ready) if h is not None] + self._idle
+        handles = [h for slot in self.slots.values() for h in (slot.current, *slot.ready) if h is not None] + self._idle
         await asyncio.gather(*(h.stop() for h in set(handles)), return_exceptions=True)
         await self.zygote.close()
 
@@ -494,7 +509,7 @@ class WorkerPool:
         now = time.time()
         out = []
         for slot in self.slots.values():
-            w = slot.busy or slot.ready or next((h for h in self._idle if h.worker_id == slot.spec.worker_id), None)
+            w = slot.current
             status = w.status if w is not None and w.status in ("idle", "busy") else "starting"
             out.append({"worker_id": slot.spec.worker_id, "gpu_id": slot.spec.gpu_id, "status": status,
                         "uptime_seconds": round(now - w.started_at, 3) if w else 0.0,
