@@ -252,10 +252,10 @@ class Executor:
             raise Unavailable("library uploads are not supported by this server")
 
     def _materialise(self, blob: _LazyBlob) -> Any:
-        data = read_blob(blob.blob)
         if blob.kind == "bytes":
-            return bytes(data)
+            return read_blob(blob.blob)
         assert blob.dtype is not None and blob.shape is not None
+        data = read_blob(blob.blob, writable=True)  # programs may write into their tensors
         array = np.frombuffer(data, dtype=numpy_dtype(blob.dtype)).reshape(blob.shape)
         if self.backend == "gpu":
             import cupy

@@ -42,17 +42,30 @@ class BlobRef:
     verify: str | None = None
 
 
-def read_blob(blob: BlobRef) -> bytearray:
-    """The blob's bytes (read at explicit offsets: one descriptor may serve several uploads)."""
+def read_blob(blob: BlobRef, writable: bool = False) -> bytes | bytearray:
+    """The blob's bytes, copied once (read at explicit offsets: one descriptor may serve
+    several uploads); a bytearray when the caller needs to write into it (a tensor)."""
     size = os.fstat(blob.fd).st_size
-    data = bytearray(size)
-    view = memoryview(data)
-    offset = 0
-    while offset < size:
-        n = os.preadv(blob.fd, [view[offset:]], offset)
-        if n == 0:
-            raise BlobCorrupted(f"cached blob {blob.verify or ''} shrank while being read", blob.verify)
-        offset += n
+    data: bytes | bytearray
+    if writable:
+        data = bytearray(size)
+        view = memoryview(data)
+        offset = 0
+        while offset < size:
+            n = os.preadv(blob.fd, [view[offset:]], offset)
+            if n == 0:
+                raise BlobCorrupted(f"cached blob {blob.verify or ''} shrank while being read", blob.verify)
+            offset += n
+    else:
+        chunks: list[bytes] = []
+        offset = 0
+        while offset < size:
+            chunk = os.pread(blob.fd, min(size - offset, 1 << 30), offset)
+            if not chunk:
+                raise BlobCorrupted(f"cached blob {blob.verify or ''} shrank while being read", blob.verify)
+            chunks.append(chunk)
+            offset += len(chunk)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if blob.verify is not None and hashlib.sha256(data).hexdigest() != blob.verify:
         raise BlobCorrupted(f"cached blob {blob.verify} does not match its digest (it was rewritten); "
                             "the server dropped it, send it again", blob.verify)
