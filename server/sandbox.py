@@ -181,7 +181,7 @@ class SandboxPolicy:
              "--unshare-cgroup-try", "--die-with-parent"]
         if self.uses_userns:
             a.append("--unshare-user")
-        # Parents of nested binds (e.g. /root for /root/.pyenv/...) would be made 0700:
+        # Parents of nested binds (e.g. /home/ci for /home/ci/python3.11) would be made 0700:
         # create them traversable first.
         tools = [(h, i) for h, i in dict.fromkeys(self._path) if not any(_inside(h, k) for k in self._ro)]
         dests = self._ro + [i for _, i in tools]
