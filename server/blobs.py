@@ -18,6 +18,7 @@ from .tempdirs import make_owned_dir, sweep_stale
 class _Entry:
     size: int
     pins: int = 0
+    stale: bool = False  # its file was found rewritten: treated as absent, removed when unpinned
 
 
 def memory_dir(min_free_bytes: int = 2 << 30) -> str | None:
@@ -55,13 +56,18 @@ class BlobStore:
         return os.path.join(self.directory, digest)
 
     def has(self, digest: str) -> bool:
-        return digest in self._entries
+        entry = self._entries.get(digest)
+        return entry is not None and not entry.stale
+
+    def is_stale(self, digest: str) -> bool:
+        entry = self._entries.get(digest)
+        return entry is not None and entry.stale
 
     def size(self, digest: str) -> int:
         return self._entries[digest].size
 
     def missing(self, digests: list[str]) -> list[str]:
-        return [d for d in digests if d not in self._entries]
+        return [d for d in digests if not self.has(d)]
 
     @property
     def used_bytes(self) -> int:
@@ -71,16 +77,17 @@ class BlobStore:
         return len(self._entries)
 
     # ------------------------------------------------------------------ updates
-    def write_file(self, digest: str, data: memoryview | bytes) -> None:
-        """Thread-safe part: write the blob's file (atomically) without registering it."""
+    def write_file(self, digest: str, data: memoryview | bytes, replace: bool = False) -> None:
+        """Thread-safe part: write the blob's file (atomically) without registering it;
+        `replace` writes a new file even if one exists (a rewritten one)."""
         final = self.path(digest)
-        if os.path.exists(final):
+        if os.path.exists(final) and not replace:
             return
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.chmod(tmp, 0o600)
+            os.chmod(tmp, 0o400)  # nobody writes a cached blob, its owner included
             os.replace(tmp, final)
         except BaseException:
             try:
@@ -91,6 +98,7 @@ class BlobStore:
 
     def register(self, digest: str, size: int) -> None:
         if digest in self._entries:
+            self._entries[digest].stale = False
             self._entries.move_to_end(digest)
             return
         self._entries[digest] = _Entry(size)
@@ -106,7 +114,27 @@ class BlobStore:
             entry = self._entries.get(d)
             if entry is not None:
                 entry.pins -= 1
+                if entry.stale and entry.pins <= 0:
+                    self._remove(d)
         self.trim()
+
+    def discard(self, digest: str) -> None:
+        """A worker found this blob's file rewritten (possible where programs share the
+        server's uid): later requests miss it and send it again."""
+        entry = self._entries.get(digest)
+        if entry is None:
+            return
+        entry.stale = True
+        if entry.pins <= 0:
+            self._remove(digest)
+
+    def _remove(self, digest: str) -> None:
+        entry = self._entries.pop(digest)
+        self._bytes -= entry.size
+        try:
+            os.unlink(self.path(digest))
+        except OSError:
+            pass
 
     def trim(self) -> None:
         """Evict least recently used unpinned blobs until the cache fits its capacity."""
@@ -115,15 +143,9 @@ class BlobStore:
         for digest in list(self._entries):
             if self._bytes <= self.capacity:
                 break
-            entry = self._entries[digest]
-            if entry.pins > 0:
+            if self._entries[digest].pins > 0:
                 continue
-            del self._entries[digest]
-            self._bytes -= entry.size
-            try:
-                os.unlink(self.path(digest))
-            except OSError:
-                pass
+            self._remove(digest)
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -6,7 +6,6 @@ sends can execute code in the parent, which holds the holdout salt.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import struct
@@ -14,6 +13,7 @@ from typing import Any
 
 _LEN = struct.Struct(">I")
 MAX_HEADER = 256 << 20
+FDS_PER_MESSAGE = 200  # blob descriptors per SCM_RIGHTS message (the kernel takes at most 253)
 
 
 def encode(msg: dict[str, Any], attachments: list[bytes | memoryview] = ()) -> list[bytes | memoryview]:
@@ -69,6 +69,8 @@ class AsyncChannel:
 
     @classmethod
     async def open(cls, sock: socket.socket) -> "AsyncChannel":
+        import asyncio  # here: workers (which only use SyncChannel) need not load it
+
         reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
         return cls(reader, writer)
 

@@ -42,6 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--journal-retention", type=float, default=3600.0, help="seconds an outcome stays replayable (default 3600)")
     p.add_argument("--journal-max-bytes", type=int, default=1 << 30,
                    help="bytes of stored outcomes kept for replay; the oldest go first (default 1 GiB)")
+    p.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap",
+                   help="isolation of each request: a bubblewrap sandbox (default), or none (programs run "
+                        "as the server's uid and can reach the server; only for trusted clients)")
+    p.add_argument("--sandbox-uid", type=int, default=2_000_000_000,
+                   help="as root: worker slot i runs programs as uid/gid SANDBOX_UID+i (default 2000000000)")
+    p.add_argument("--max-memory-bytes", type=int, default=2 << 30,
+                   help="address space per request, RLIMIT_AS (default 2 GiB; 0: none; not on GPU workers)")
+    p.add_argument("--max-processes", type=int, default=256, help="processes per request, RLIMIT_NPROC (default 256)")
+    p.add_argument("--max-file-bytes", type=int, default=1 << 30, help="largest file a request writes (default 1 GiB)")
+    p.add_argument("--workspace-bytes", type=int, default=2 << 30,
+                   help="size of a request's tmpfs: its workspace, /tmp and /dev/shm (default 2 GiB)")
     return p
 
 
@@ -80,6 +91,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         blob_cache_bytes=args.blob_cache_bytes, blob_dir=args.blob_dir, work_dir=args.work_dir,
         journal_retention_seconds=args.journal_retention,
         journal_max_bytes=args.journal_max_bytes,
+        token_file=args.token_file, sandbox=args.sandbox, sandbox_uid=args.sandbox_uid,
+        max_memory_bytes=args.max_memory_bytes, max_processes=args.max_processes,
+        max_file_bytes=args.max_file_bytes, workspace_bytes=args.workspace_bytes,
     )
 
 

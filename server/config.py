@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from .sandbox import SandboxMode
+
 GiB = 1 << 30
 
 
@@ -28,3 +30,10 @@ class ServerConfig(BaseModel):
     journal_retention_seconds: float = Field(3600.0, gt=0)
     journal_max_bytes: int = Field(1 << 30, gt=0)
     drain_timeout_seconds: float = Field(3900.0, gt=0)
+    token_file: str | None = None            # hidden from requests, like the state directory
+    sandbox: SandboxMode = SandboxMode.BWRAP  # none: programs run as the server's uid, unisolated
+    sandbox_uid: int = Field(2_000_000_000, ge=1)  # as root: worker slot i's programs run as this uid + i
+    max_memory_bytes: int = Field(2 * GiB, ge=0)   # RLIMIT_AS per request (0: none; never on GPU workers)
+    max_processes: int = Field(256, ge=0)          # RLIMIT_NPROC per request (0: none)
+    max_file_bytes: int = Field(1 * GiB, ge=0)     # RLIMIT_FSIZE per request (0: none)
+    workspace_bytes: int = Field(2 * GiB, ge=1 << 20)  # the request's tmpfs: workspace, /tmp and /dev/shm

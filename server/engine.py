@@ -6,6 +6,7 @@ the bytes of its answer is here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import os
 import shutil
@@ -23,11 +24,13 @@ from .gpuinfo import detect_gpus, target_arch, versions
 from .holdout import SALT_FILE_NAME, HoldoutSalt
 from .journal import Journal, StoredResponse
 from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
+from . import privs
 from .pool import WorkerPool, WorkerRun, WorkerSpec
 from .reqlog import log_event, log_request
+from .sandbox import SandboxLimits, SandboxMode, SandboxPolicy
 from .scheduler import LeaseScheduler
 from .tempdirs import make_owned_dir, sweep_stale
-from .workspace import create_request_dirs, remove_tree
+from .zygote import Zygote
 
 RUN_DIR_PREFIX = "kcoral-server-"
 
@@ -63,6 +66,12 @@ def error_reply(code: int, kind: str, message: str, request_id: str, retry_after
 class Engine:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        try:
+            # Same-uid processes (programs under --sandbox none) must not read our memory,
+            # environment (the token) or file descriptors through /proc.
+            privs.set_dumpable(False)
+        except OSError:
+            pass
         self.instance_id = str(uuid.uuid4())
         self.started_wall = time.time()
         self.started_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -79,7 +88,9 @@ class Engine:
         self.leases = LeaseScheduler(gpu_ids) if gpu_ids else None
         self.gpu_ids = gpu_ids
         self._base_env = self._worker_env()
-        self.pool = WorkerPool(self.specs, self._env_for, self.run_root, self.leases)
+        self.sandbox = self._sandbox_policy()
+        self.pool = WorkerPool(self.specs, self._env_for, self.run_root, self.leases, self.sandbox,
+                               Zygote(self._base_env, self.run_root))
         self.target = target_arch(gpu_ids) if self.backend == "gpu" else {}
         self.versions = versions(self.backend == "gpu")
         self.active = 0
@@ -102,7 +113,28 @@ class Engine:
                 n = max(1, min(4, os.cpu_count() or 1))
                 return [WorkerSpec(f"cpu/w{i}", None, "cpu") for i in range(n)], [], "cpu"
         specs = [WorkerSpec(f"gpu{g}/w{k}", g, backend) for g in gpus for k in range(c.workers_per_gpu)]
-        return specs, gpus, backend
+        return [dataclasses.replace(s, slot=i) for i, s in enumerate(specs)], gpus, backend
+
+    def _sandbox_policy(self) -> SandboxPolicy:
+        """The sandbox every request runs in; refuses to start unsandboxed unless told to."""
+        c = self.config
+        limits = SandboxLimits(memory_bytes=c.max_memory_bytes, processes=c.max_processes,
+                               file_bytes=c.max_file_bytes, workspace_bytes=c.workspace_bytes)
+        hidden = [c.state_dir, c.holdout_salt_file, c.token_file, c.work_dir, c.blob_dir,
+                  self.run_root, self.blobs.directory]
+        policy = SandboxPolicy(SandboxMode(c.sandbox), limits, uid_base=c.sandbox_uid,
+                               hidden=[h for h in hidden if h])
+        if policy.mode is SandboxMode.BWRAP:
+            why = policy.probe()
+            if why is not None:
+                log_event("sandbox_unavailable", reason=why)
+                raise SystemExit(f"kcoral-server: cannot sandbox requests: {why}. Install bubblewrap and allow "
+                                 "user namespaces, or pass --sandbox none to run programs unisolated "
+                                 "(as the server's uid, able to reach the server: trusted clients only)")
+        else:
+            log_event("sandbox_disabled", warning="--sandbox none: programs run as the server's uid and can "
+                      "read its state, signal it and outlive their request")
+        return policy
 
     def _worker_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
@@ -121,7 +153,8 @@ class Engine:
         await self.pool.start()
         self._prune_task = asyncio.get_running_loop().create_task(self._prune_loop())
         log_event("server_started", instance_id=self.instance_id, backend=self.backend,
-                  workers=len(self.specs), gpus=self.gpu_ids, run_root=self.run_root)
+                  workers=len(self.specs), gpus=self.gpu_ids, run_root=self.run_root,
+                  sandbox=self.sandbox.describe())
 
     def _env_for(self, spec: WorkerSpec) -> dict[str, str]:
         """CUDA_VISIBLE_DEVICES is per worker, fixed before the worker imports CuPy."""
@@ -167,6 +200,7 @@ class Engine:
                      for g in self.gpu_ids],
             "workers": self.pool.describe(),
             "blob_cache": {"blobs": len(self.blobs), "bytes": self.blobs.used_bytes, "capacity": self.blobs.capacity},
+            "sandbox": self.sandbox.describe(),
         }
 
     # ------------------------------------------------------------------ drain
@@ -329,10 +363,11 @@ class Engine:
         for digest, data in parsed.blobs.items():
             if self.blobs.has(digest):
                 continue
+            replace = self.blobs.is_stale(digest)  # found rewritten: write a new file
             if len(data) > 1 << 20:
-                await asyncio.to_thread(self.blobs.write_file, digest, data)
+                await asyncio.to_thread(self.blobs.write_file, digest, data, replace)
             else:
-                self.blobs.write_file(digest, data)
+                self.blobs.write_file(digest, data, replace)
             self.blobs.register(digest, len(data))
 
     def _check_cached_tensors(self, parsed: ParsedRequest) -> None:
@@ -355,26 +390,30 @@ class Engine:
         t_dispatch = time.monotonic()
         queue_ms = (t_dispatch - t_queue) * 1e3
         log.fields.update(worker_id=worker.worker_id, gpu=worker.gpu_id, queue_ms=round(queue_ms, 3))
-        dirs = create_request_dirs(self.run_root, rid)
         limit = program.options.output_limit_bytes
+        unique = list(dict.fromkeys(referenced))
         job = {
-            "t": "exec", "request_id": rid, "workspace": dirs.work,
-            "stdout_path": dirs.stdout_path, "stderr_path": dirs.stderr_path, "output_limit": limit,
+            "t": "exec", "request_id": rid, "workspace": worker.workdir, "output_limit": limit,
             "instructions": [ins.model_dump(by_alias=True) for ins in program.instructions],
-            "blobs": {d: self.blobs.path(d) for d in referenced},
+            "blobs": unique,
         }
         run: WorkerRun | None = None
+        fds: list[int] = []
         try:
+            # Read-only descriptors of this program's blobs, and nothing else of the cache.
+            fds = [os.open(self.blobs.path(d), os.O_RDONLY | os.O_CLOEXEC) for d in unique]
             run = await worker.run(job, program.options.timeout_seconds, self.leases, self.salt.seeds,
-                                   self.config.max_response_bytes)
+                                   self.config.max_response_bytes, fds)
         finally:
-            if run is not None and run.recycle:
-                await self.pool.retire(worker)
-            else:
-                self.pool.checkin(worker)
-        out, out_trunc = await _read_output(dirs.stdout_path, limit)
-        err, err_trunc = await _read_output(dirs.stderr_path, limit)
-        asyncio.get_running_loop().run_in_executor(None, remove_tree, dirs.base)
+            for fd in fds:
+                os.close(fd)
+            self.pool.release(worker)
+        for digest in run.bad_blobs:
+            if digest in referenced:
+                self.blobs.discard(digest)
+        out, out_trunc = await _read_output(worker.stdout_path, limit)
+        err, err_trunc = await _read_output(worker.stderr_path, limit)
+        asyncio.get_running_loop().run_in_executor(None, worker.remove_files)
         timings = {
             "queue_ms": round(queue_ms, 3),
             "elapsed_ms": 0.0,

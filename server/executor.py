@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import traceback
 import types
@@ -21,17 +22,17 @@ from kcoral.wire import TRACEBACK_LIMIT
 
 from . import builtins as builtin_registry
 from .builtins import CudaSource
-from .channel import SyncChannel
+from .channel import FDS_PER_MESSAGE, SyncChannel
 from .failures import GpuAccessFailure, ProgramFailure, Unavailable
-from .workspace import WorkspaceError, read_file, read_folder, write_file_from
+from .workspace import BlobCorrupted, BlobRef, WorkspaceError, read_blob, read_file, read_folder, write_file_from
 
 
 @dataclass
 class _LazyBlob:
-    """A host-side upload read from the blob store only when a program first uses it."""
+    """A host-side upload read from its blob only when a program first uses it."""
 
     kind: str  # "bytes" | "tensor"
-    path: str
+    blob: BlobRef
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
 
@@ -42,35 +43,15 @@ class _Function:
     cpu_only: bool
 
 
-class _CaptureOutput:
-    """Point fds 1 and 2 at per-request files, so native code and subprocesses are captured."""
-
-    def __init__(self, stdout_path: str, stderr_path: str, enabled: bool) -> None:
-        self.paths = (stdout_path, stderr_path)
-        self.enabled = enabled
-        self.saved: tuple[int, int] | None = None
-
-    def __enter__(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.saved = (os.dup(1), os.dup(2))
-        for fd, path in zip((1, 2), self.paths):
-            target = path if self.enabled else os.devnull
-            new = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            os.dup2(new, fd)
-            os.close(new)
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - a program may have replaced or closed them
-            pass
-        assert self.saved is not None
-        for fd, saved in zip((1, 2), self.saved):
-            os.dup2(saved, fd)
-            os.close(saved)
-        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+def _silence_output() -> None:
+    """output_limit_bytes 0: the program's fds 1 and 2 go to /dev/null. (Otherwise they
+    already point at the request's capture files, set up by the launcher.)"""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
 
 
 def _children() -> list[int]:
@@ -120,14 +101,31 @@ def _error_kind(exc: BaseException) -> str:
     return "runtime"
 
 
+def receive_blob_fds(sock: socket.socket, digests: list[str], verify: bool) -> dict[str, BlobRef]:
+    """The read-only descriptors of this program's blobs, sent by the server in order."""
+    out: dict[str, BlobRef] = {}
+    while len(out) < len(digests):
+        _msg, fds, _flags, _addr = socket.recv_fds(sock, 64, FDS_PER_MESSAGE)
+        if not fds:
+            raise RuntimeError("the server closed the blob channel early")
+        for fd in fds:
+            digest = digests[len(out)]
+            out[digest] = BlobRef(fd, digest if verify else None)
+    return out
+
+
 class Executor:
-    def __init__(self, chan: SyncChannel, backend: str) -> None:
+    def __init__(self, chan: SyncChannel, backend: str, fd_sock: socket.socket | None = None,
+                 verify_blobs: bool = False) -> None:
         self.chan = chan
+        self.fd_sock = fd_sock
+        self.verify_blobs = verify_blobs
         self.backend = backend  # "cpu" | "virtual" | "gpu"
         self.uses_lease = backend in ("gpu", "virtual")
         self.builtins = builtin_registry.load("gpu" if backend == "gpu" else "cpu", self)
         self.holding = False
         self.recycle = False
+        self.bad_blobs: list[str] = []  # blobs found rewritten: the server drops them from its cache
 
     # ------------------------------------------------------------------ parent calls
     def holdout_seeds(self, namespace: str, count: int) -> list[int]:
@@ -152,33 +150,32 @@ class Executor:
 
     # ------------------------------------------------------------------ job
     def run_job(self, job: dict[str, Any]) -> None:
+        """Run the one program this worker serves. No clean-up of interpreter state: the
+        worker exits afterwards (processes it left are killed with its sandbox)."""
         work = job["workspace"]
-        saved_cwd = os.getcwd()
-        saved_path = list(sys.path)
-        saved_env = dict(os.environ)
-        saved_modules = set(sys.modules)
         self.holding = False
-        status, error = "COMPLETED", None
-        capture = _CaptureOutput(job["stdout_path"], job["stderr_path"], job["output_limit"] > 0)
+        digests: list[str] = job["blobs"]
+        blobs = receive_blob_fds(self.fd_sock, digests, self.verify_blobs) if digests and self.fd_sock else {}
+        if job["output_limit"] <= 0:
+            _silence_output()
+        os.chdir(work)
+        sys.path.insert(0, work)
         try:
-            with capture:
-                os.chdir(work)
-                sys.path.insert(0, work)
-                status, error = self._run(job)
+            status, error = self._run(job, blobs)
         finally:
-            os.chdir(saved_cwd)
-            sys.path[:] = saved_path
-            os.environ.clear()
-            os.environ.update(saved_env)
-            self._forget_modules(saved_modules, work)
-            self._free_device_memory()
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001 - a program may have replaced or closed them
+                pass
+            self._release()
             _kill_children()
-        self.chan.send({"t": "done", "status": status, "error": error, "recycle": self.recycle})
+        self.chan.send({"t": "done", "status": status, "error": error, "recycle": self.recycle,
+                        "bad_blobs": self.bad_blobs})
 
-    def _run(self, job: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    def _run(self, job: dict[str, Any], blobs: dict[str, BlobRef]) -> tuple[str, dict[str, Any] | None]:
         registers: dict[str, Any] = {}
         sink = PartSink()
-        blobs: dict[str, str] = job["blobs"]
         for index, ins in enumerate(job["instructions"]):
             self.chan.send({"t": "step", "i": index})
             try:
@@ -187,6 +184,8 @@ class Executor:
                 if isinstance(exc, (KeyboardInterrupt,)):
                     raise
                 kind = _error_kind(exc)
+                if isinstance(exc, BlobCorrupted) and exc.digest:
+                    self.bad_blobs.append(exc.digest)
                 if kind == "gpu_access":
                     self.recycle = True  # a CUDA error can leave the context unusable
                 tb = traceback.format_exc()
@@ -199,7 +198,7 @@ class Executor:
                 }
         return "COMPLETED", None
 
-    def _instruction(self, ins: dict[str, Any], regs: dict[str, Any], blobs: dict[str, str], work: str, sink: PartSink) -> None:
+    def _instruction(self, ins: dict[str, Any], regs: dict[str, Any], blobs: dict[str, BlobRef], work: str, sink: PartSink) -> None:
         op = ins["op"]
         if op == "upload":
             self._upload(ins, regs, blobs, work)
@@ -222,7 +221,7 @@ class Executor:
         else:  # the server validated ops; anything else is an engine bug
             raise RuntimeError(f"unknown op {op!r}")
 
-    def _upload(self, ins: dict[str, Any], regs: dict[str, Any], blobs: dict[str, str], work: str) -> None:
+    def _upload(self, ins: dict[str, Any], regs: dict[str, Any], blobs: dict[str, BlobRef], work: str) -> None:
         kind = ins["kind"]
         if kind == "module":
             if ins.get("language", "python") == "cuda":
@@ -254,10 +253,10 @@ class Executor:
 
     def _materialise(self, blob: _LazyBlob) -> Any:
         if blob.kind == "bytes":
-            with open(blob.path, "rb") as f:
-                return f.read()
+            return read_blob(blob.blob)
         assert blob.dtype is not None and blob.shape is not None
-        array = np.fromfile(blob.path, dtype=numpy_dtype(blob.dtype)).reshape(blob.shape)
+        data = read_blob(blob.blob, writable=True)  # programs may write into their tensors
+        array = np.frombuffer(data, dtype=numpy_dtype(blob.dtype)).reshape(blob.shape)
         if self.backend == "gpu":
             import cupy
 
@@ -324,27 +323,3 @@ class Executor:
         attachments = [data for _, data in sink.parts[start:]]
         self.chan.send({"t": "return", "key": ins["key"], "node": node}, attachments)
         del sink.parts[start:]  # sent; only the numbering must continue
-
-    # ------------------------------------------------------------------ hygiene
-    def _forget_modules(self, before: set[str], work: str) -> None:
-        prefix = os.path.join(work, "")
-        for name in set(sys.modules) - before:
-            mod = sys.modules.get(name)
-            file = getattr(mod, "__file__", None) or ""
-            paths = [p for p in (getattr(mod, "__path__", None) or []) if isinstance(p, str)]
-            if (name.startswith("kcoral_program_") or file.startswith(prefix)
-                    or any(p.startswith(prefix) for p in paths)):
-                sys.modules.pop(name, None)
-        # Finders cached for the (now deleted) workspace would pile up request after request.
-        for key in [k for k in sys.path_importer_cache if isinstance(k, str) and (k == work or k.startswith(prefix))]:
-            sys.path_importer_cache.pop(key, None)
-
-    def _free_device_memory(self) -> None:
-        if self.backend == "gpu":
-            try:
-                import cupy
-
-                cupy.get_default_memory_pool().free_all_blocks()
-                cupy.get_default_pinned_memory_pool().free_all_blocks()
-            except Exception:  # noqa: BLE001 - best effort between programs
-                pass

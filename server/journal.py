@@ -1,7 +1,10 @@
 """Idempotency journal: one outcome per Idempotency-Key, shared by retries.
 
 In memory while the server runs; completed outcomes are also written under
-<state-dir>/journal so that a retry after a restart gets the first outcome. Entries
+<state-dir>/journal so that a retry after a restart gets the first outcome. Each stored
+entry is HMAC-signed with a key kept in <state-dir>/journal.key (0600, outside every
+sandbox); an entry whose signature does not verify is dropped at load, so a forged or
+edited file is never replayed to a client. Entries
 expire after the retention window, and the oldest completed ones are dropped early when
 the stored bodies exceed a byte budget (so memory stays bounded; a retry of a dropped
 key runs the program again).
@@ -10,10 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
+
+
+KEY_FILE_NAME = "journal.key"
+
+
+def _load_key(path: str) -> bytes:
+    """The journal's signing key: read, or generated (0600) on first use."""
+    try:
+        with open(path, "rb") as f:
+            key = f.read()
+        if len(key) >= 32:
+            return key
+    except FileNotFoundError:
+        pass
+    key = secrets.token_bytes(32)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    os.replace(tmp, path)
+    return key
 
 
 @dataclass
@@ -38,14 +64,21 @@ class Journal:
         self._bytes = 0  # sum of the stored response bodies
         self._entries: dict[str, JournalEntry] = {}
         self._dir = os.path.join(state_dir, "journal") if state_dir else None
-        if self._dir:
+        self._key = b""
+        if state_dir and self._dir:
             os.makedirs(self._dir, mode=0o700, exist_ok=True)
+            self._key = _load_key(os.path.join(state_dir, KEY_FILE_NAME))
             self._load()
 
     # ------------------------------------------------------------------ persistence
     def _file(self, key: str) -> str:
         assert self._dir is not None
         return os.path.join(self._dir, hashlib.sha256(key.encode()).hexdigest())
+
+    def _mac(self, meta: dict[str, object], body: bytes) -> str:
+        signed = {k: v for k, v in meta.items() if k != "mac"}
+        text = json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
+        return hmac.new(self._key, text + b"\0" + hashlib.sha256(body).digest(), hashlib.sha256).hexdigest()
 
     def _load(self) -> None:
         assert self._dir is not None
@@ -62,7 +95,11 @@ class Journal:
                     raise ValueError("expired")
                 with open(body_path, "rb") as f:
                     body = f.read()
-            except (OSError, ValueError, KeyError):
+                if not hmac.compare_digest(str(meta.get("mac", "")), self._mac(meta, body)):
+                    raise ValueError("bad signature")
+                if os.path.basename(self._file(meta["key"])) != name[:-5]:
+                    raise ValueError("entry filed under another key")
+            except (OSError, ValueError, KeyError, TypeError):
                 for p in (meta_path, body_path):
                     try:
                         os.unlink(p)
@@ -79,10 +116,12 @@ class Journal:
     def _persist(self, key: str, entry: JournalEntry) -> None:
         assert self._dir is not None and entry.response is not None
         base = self._file(key)
-        for suffix, data in ((".body", entry.response.body), (".json", json.dumps({
+        meta: dict[str, object] = {
             "key": key, "program_hash": entry.program_hash, "created": entry.created,
             "status_code": entry.response.status_code, "headers": entry.response.headers,
-        }).encode())):
+        }
+        meta["mac"] = self._mac(meta, entry.response.body)
+        for suffix, data in ((".body", entry.response.body), (".json", json.dumps(meta).encode())):
             tmp = base + suffix + ".tmp"
             with open(tmp, "wb") as f:
                 f.write(data)

@@ -1,8 +1,9 @@
-"""Worker processes: spawning, running one program on one worker, killing and replacing.
+"""Worker slots: single-use workers, each in its own sandbox, started ahead of need.
 
-Each worker is `python -m server.worker` in its own session (process group), connected by
-a socketpair. A timeout or a crash kills the whole group; the pool then starts a fresh
-worker with the same id before that slot takes another program.
+A worker is forked by the zygote into a fresh sandbox (sandbox.py, zygote.py) and
+connected by a socketpair. It serves one program; then, whatever happened (completion,
+timeout, crash), its sandbox is killed with every process in it and the slot's
+successor, started when the program was handed out, takes the next program.
 """
 from __future__ import annotations
 
@@ -11,15 +12,20 @@ import collections
 import os
 import signal
 import socket
-import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import sandbox as sandbox_paths
 from .builtins import MAX_HOLDOUT_SEEDS
-from .channel import AsyncChannel, FrameTooLarge
+from .channel import FDS_PER_MESSAGE, AsyncChannel, FrameTooLarge
 from .reqlog import log_event
+from .sandbox import SandboxMode, SandboxPolicy
+from .sandboxproc import SandboxProcess
 from .scheduler import LeaseScheduler
+from .workspace import remove_tree
+from .zygote import Zygote
 
 SeedsFn = Callable[[str, int], list[int]]
 
@@ -29,6 +35,7 @@ class WorkerSpec:
     worker_id: str
     gpu_id: int | None  # None: a CPU worker
     backend: str         # "cpu" | "virtual" | "gpu"
+    slot: int = 0        # index among the server's workers (as root: picks the sandbox uid)
 
 
 @dataclass
@@ -47,18 +54,31 @@ class WorkerRun:
     lease_wait_ms: float = 0.0
     lease_held_ms: float = 0.0
     too_large: bool = False
+    bad_blobs: list[str] = field(default_factory=list)
 
 
 class WorkerHandle:
-    def __init__(self, spec: WorkerSpec, env: dict[str, str], cwd: str) -> None:
+    """One single-use worker: its sandbox (a bwrap process), the launcher's status pipe,
+    its channels and its capture files (host-side, outside the sandbox)."""
+
+    def __init__(self, spec: WorkerSpec, env: dict[str, str], run_root: str, sandbox: SandboxPolicy,
+                 zygote: Zygote) -> None:
         self.spec = spec
         self.env = env
-        self.cwd = cwd
-        self.proc: asyncio.subprocess.Process | None = None
+        self.run_root = run_root
+        self.sandbox = sandbox
+        self.zygote = zygote
         self.chan: AsyncChannel | None = None
+        self.fd_sock: socket.socket | None = None
+        self.box: SandboxProcess | None = None
+        self.pid: int | None = None  # the worker's pid (the server's PID namespace)
+        self.exited: asyncio.Future[int | str] = asyncio.get_running_loop().create_future()
+        self._status_task: asyncio.Task[None] | None = None
+        self.dir = ""
+        self.workdir = ""  # the program's working directory, as the worker sees it
         self.started_at = time.time()
         self.status = "starting"
-        self._group_killed = False
+        self._ended = False
 
     @property
     def worker_id(self) -> str:
@@ -68,54 +88,146 @@ class WorkerHandle:
     def gpu_id(self) -> int | None:
         return self.spec.gpu_id
 
+    @property
+    def stdout_path(self) -> str:
+        return os.path.join(self.dir, "stdout")
+
+    @property
+    def stderr_path(self) -> str:
+        return os.path.join(self.dir, "stderr")
+
     async def start(self, ready_timeout: float = 120.0) -> None:
+        self.dir = tempfile.mkdtemp(prefix="w-", dir=self.run_root)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+        out_fd = os.open(self.stdout_path, flags, 0o600)
+        err_fd = os.open(self.stderr_path, flags, 0o600)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fd_parent, fd_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-u", "-m", "server.worker",
-                "--fd", str(child.fileno()), "--worker-id", self.spec.worker_id, "--backend", self.spec.backend,
-                pass_fds=(child.fileno(),), start_new_session=True, env=self.env, cwd=self.cwd,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            )
+            sandboxed = self.sandbox.mode is SandboxMode.BWRAP
+            spec: dict[str, Any] = {
+                "worker_id": self.spec.worker_id, "backend": self.spec.backend,
+                "verify_blobs": self.sandbox.uid_for(self.spec.slot) is None,
+                "limits": {"memory_bytes": 0 if self.spec.backend == "gpu" else self.sandbox.limits.memory_bytes,
+                           "processes": self.sandbox.limits.processes, "file_bytes": self.sandbox.limits.file_bytes},
+            }
+            if sandboxed:
+                uid = self.sandbox.uid_for(self.spec.slot)
+                self.box = await SandboxProcess.start(self.sandbox, self.spec.backend == "gpu")
+                spec.update(init_pid=self.box.init_pid, userns=self.sandbox.uses_userns,
+                            uid=uid, gid=uid, workdir=sandbox_paths.WORK, own_dirs=list(sandbox_paths.WRITABLE_DIRS),
+                            env=self.sandbox.sandbox_env(self.env))
+                self.workdir = sandbox_paths.WORK
+            else:
+                work = os.path.join(self.dir, "work")
+                os.mkdir(work, 0o700)
+                spec.update(workdir=work, env=self.env)
+                self.workdir = work
+            self._status_task = asyncio.get_running_loop().create_task(self._read_status(status_r))
+            status_r = -1
+            await self.zygote.spawn(spec, {"chan": child.fileno(), "fdsock": fd_child.fileno(), "status": status_w,
+                                           "stdout": out_fd, "stderr": err_fd})
         finally:
+            for fd in (out_fd, err_fd, status_w, status_r):
+                if fd >= 0:
+                    os.close(fd)
             child.close()
+            fd_child.close()
+        self.fd_sock = fd_parent
         self.chan = await AsyncChannel.open(parent)
-        msg, _ = await asyncio.wait_for(self.chan.recv(), ready_timeout)
+        try:
+            msg, _ = await asyncio.wait_for(self.chan.recv(), ready_timeout)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            why = await self._exit_reason(5)
+            raise RuntimeError(f"worker {self.worker_id} did not start: {why}") from exc
         if msg.get("t") != "ready":
             raise RuntimeError(f"worker {self.worker_id} sent {msg!r} instead of ready")
         self.started_at = time.time()
         self.status = "idle"
 
-    async def kill(self) -> int | None:
-        """SIGKILL the worker's whole process group and reap it; returns its exit status."""
-        self.status = "dead"
-        if self.chan is not None:
-            self.chan.close()
-        if self.proc is None:
-            return None
-        # The group, not just the worker: a program's children outlive a worker that crashed,
-        # and asyncio may already have reaped the worker itself (returncode set) by now. The
-        # group id stays reserved while any member lives (an empty group raises ESRCH); once
-        # only, so a later call cannot reach a new group that reused the number.
-        if not self._group_killed:
-            self._group_killed = True
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    async def _read_status(self, fd: int) -> None:
+        """The launcher's reports: `pid N`, then `exit CODE` or `error MESSAGE`."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                    os.fdopen(fd, "rb", 0))
         try:
-            return await asyncio.wait_for(self.proc.wait(), 10)
+            while True:
+                line = (await reader.readline()).decode(errors="replace").strip()
+                if not line:
+                    break
+                word, _, rest = line.partition(" ")
+                if word == "pid" and rest.isdigit():
+                    self.pid = int(rest)
+                elif word == "exit":
+                    self._set_exit(int(rest))
+                elif word == "error":
+                    self._set_exit(rest)
+        finally:
+            transport.close()
+            self._set_exit("the launcher ended without a report")
+
+    def _set_exit(self, value: int | str) -> None:
+        if not self.exited.done():
+            self.exited.set_result(value)
+            # The worker is gone: end its sandbox now, so a daemon it left holding the
+            # channel open cannot keep the request waiting.
+            self.end()
+
+    async def _exit_reason(self, timeout: float) -> int | str | None:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
         except asyncio.TimeoutError:
             return None
 
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None and self.chan is not None:
+    def end(self) -> None:
+        """SIGKILL every process of the request, now (idempotent; never blocks)."""
+        if self._ended:
+            return
+        self._ended = True
+        self.status = "dead"
+        if self.box is not None:
+            self.box.kill()
+        if self.sandbox.mode is SandboxMode.NONE and self.pid is not None and not self.exited.done():
+            # No PID namespace: the worker's session (the launcher sweeps up any orphans
+            # once the worker is dead). The worker stays unreaped until the launcher hears
+            # of its death, so its group id cannot have been reused.
             try:
-                await self.chan.send({"t": "exit"})
-                await asyncio.wait_for(self.proc.wait(), 2)
-            except Exception:  # noqa: BLE001 - fall through to kill
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
                 pass
+
+    async def kill(self) -> int | str | None:
+        """End the worker and its sandbox; returns its exit code (or the launcher's error)."""
+        self.end()
+        if self.chan is not None:
+            self.chan.close()
+        code = await self._exit_reason(10)
+        await self.dispose()
+        return code
+
+    async def dispose(self) -> None:
+        """Reap bwrap and close what is left (after end())."""
+        if self.fd_sock is not None:
+            self.fd_sock.close()
+            self.fd_sock = None
+        if self.box is not None:
+            await self.box.wait()
+
+    def remove_files(self) -> None:
+        if self.dir:
+            remove_tree(self.dir)
+
+    async def stop(self) -> None:
         await self.kill()
+        self.remove_files()
+
+    def send_blob_fds(self, fds: list[int]) -> None:
+        """The program's blobs as read-only descriptors, before its job (which lists their digests)."""
+        assert self.fd_sock is not None
+        for i in range(0, len(fds), FDS_PER_MESSAGE):
+            socket.send_fds(self.fd_sock, [b"b"], fds[i:i + FDS_PER_MESSAGE])
 
     async def run(
         self,
@@ -124,8 +236,9 @@ class WorkerHandle:
         leases: LeaseScheduler | None,
         seeds: SeedsFn,
         max_part_bytes: int,
+        blob_fds: list[int] = (),
     ) -> WorkerRun:
-        assert self.chan is not None and self.proc is not None
+        assert self.chan is not None
         res = WorkerRun()
         held_since: list[float] = []  # [t] while this program holds the lease
         chan = self.chan
@@ -138,6 +251,7 @@ class WorkerHandle:
                 leases.release(gpu)
 
         async def converse() -> None:
+            self.send_blob_fds(list(blob_fds))
             await chan.send(job)
             while True:
                 try:
@@ -186,6 +300,9 @@ class WorkerHandle:
                     res.status = "COMPLETED" if msg.get("status") == "COMPLETED" else "FAILED"
                     res.error = msg.get("error")
                     res.recycle = bool(msg.get("recycle"))
+                    bad = msg.get("bad_blobs")
+                    if isinstance(bad, list):
+                        res.bad_blobs = [d for d in bad if isinstance(d, str)][:1000]
                     return
                 else:
                     raise ValueError(f"unexpected worker message {t!r}")
@@ -195,16 +312,14 @@ class WorkerHandle:
             await asyncio.wait_for(converse(), timeout)
         except asyncio.TimeoutError:
             res.timed_out = True
-            await self.kill()
         except _TooLarge:
-            await self.kill()
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError, TypeError) as exc:
-            code = await self.kill()
-            res.crashed = _describe_exit(code, exc)
+            pass
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError, TypeError, OSError) as exc:
+            self.end()
+            res.crashed = _describe_exit(await self._exit_reason(5), exc)
         finally:
+            self.end()  # single use: whatever happened, every process of the request dies now
             release()
-        if self.status == "busy":
-            self.status = "idle"
         return res
 
 
@@ -212,7 +327,9 @@ class _TooLarge(Exception):
     pass
 
 
-def _describe_exit(code: int | None, exc: BaseException) -> str:
+def _describe_exit(code: int | str | None, exc: BaseException) -> str:
+    if isinstance(code, str):
+        return f"worker process failed: {code}"
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
@@ -224,15 +341,35 @@ def _describe_exit(code: int | None, exc: BaseException) -> str:
     return f"worker channel failed: {type(exc).__name__}: {exc}"
 
 
-class WorkerPool:
-    """Idle workers handed out first come first served; dead ones replaced in the background."""
+@dataclass
+class _Slot:
+    """One unit of concurrency: its current worker (idle or running a program) and the
+    workers started ahead of need to succeed it."""
 
-    def __init__(self, specs: list[WorkerSpec], env_for: Callable[[WorkerSpec], dict[str, str]], cwd: str,
-                 leases: LeaseScheduler | None) -> None:
+    spec: WorkerSpec
+    current: WorkerHandle | None = None
+    ready: collections.deque[WorkerHandle] = field(default_factory=collections.deque)
+    spawning: int = 0
+
+
+# Successors kept started per slot. Two on CPU, so a slot keeps up with back-to-back
+# programs while a sandbox takes longer to build than a short program takes to run; one
+# on a GPU, where each waiting worker holds a CUDA context.
+AHEAD = {"cpu": 2, "virtual": 2, "gpu": 1}
+
+
+class WorkerPool:
+    """Idle workers handed out first come first served. Every worker serves one program;
+    its successors are started ahead of need, so one is usually ready when it ends."""
+
+    def __init__(self, specs: list[WorkerSpec], env_for: Callable[[WorkerSpec], dict[str, str]], run_root: str,
+                 leases: LeaseScheduler | None, sandbox: SandboxPolicy, zygote: Zygote) -> None:
         self.env_for = env_for
-        self.cwd = cwd
+        self.run_root = run_root
         self.leases = leases
-        self.workers: dict[str, WorkerHandle] = {s.worker_id: WorkerHandle(s, env_for(s), cwd) for s in specs}
+        self.sandbox = sandbox
+        self.zygote = zygote
+        self.slots: dict[str, _Slot] = {s.worker_id: _Slot(s) for s in specs}
         self._idle: list[WorkerHandle] = []
         self._waiters: collections.deque[asyncio.Future[WorkerHandle]] = collections.deque()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -247,9 +384,69 @@ class WorkerPool:
         return sum(1 for w in self._waiters if not w.done())
 
     async def start(self) -> None:
-        await asyncio.gather(*(w.start() for w in self.workers.values()))
-        for w in self.workers.values():
+        """Start one worker per slot; a failure here stops the server (it would recur)."""
+        await self.zygote.ensure()
+
+        async def first(slot: _Slot) -> WorkerHandle:
+            w = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote)
+            try:
+                await w.start()
+            except BaseException:
+                await w.stop()
+                raise
+            return w
+
+        workers = await asyncio.gather(*(first(slot) for slot in self.slots.values()), return_exceptions=True)
+        errors = [w for w in workers if isinstance(w, BaseException)]
+        if errors:
+            for w in workers:
+                if isinstance(w, WorkerHandle):
+                    await w.stop()
+            raise RuntimeError(f"workers could not start: {errors[0]}") from errors[0]
+        for slot, w in zip(self.slots.values(), workers):
+            assert isinstance(w, WorkerHandle)
+            slot.current = w
             self._checkin(w)
+            self._fill(slot)
+
+    def _background(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _fill(self, slot: _Slot) -> None:
+        """Start successors until AHEAD of them are ready or starting."""
+        while not self.closing and len(slot.ready) + slot.spawning < AHEAD.get(slot.spec.backend, 1):
+            slot.spawning += 1
+            self._background(self._spawn(slot))
+
+    async def _spawn(self, slot: _Slot) -> None:
+        """Start one worker for the slot (retrying with backoff); it waits in `ready` or,
+        if the slot has no current worker, becomes idle at once."""
+        delay = 0.5
+        try:
+            while not self.closing:
+                fresh = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote)
+                try:
+                    await fresh.start()
+                except Exception as exc:  # noqa: BLE001 - keep trying; log why
+                    log_event("worker_start_failed", worker_id=slot.spec.worker_id,
+                              error=f"{type(exc).__name__}: {exc}")
+                    await fresh.stop()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30)
+                    continue
+                if self.closing:
+                    await fresh.stop()
+                elif slot.current is None:
+                    slot.current = fresh
+                    self._checkin(fresh)
+                else:
+                    slot.ready.append(fresh)
+                return
+        finally:
+            slot.spawning -= 1
 
     def _pick(self) -> WorkerHandle:
         # Prefer a worker whose GPU has the shortest lease line.
@@ -259,11 +456,14 @@ class WorkerPool:
             return best
         return self._idle.pop(0)
 
+    def _hand_out(self, worker: WorkerHandle) -> WorkerHandle:
+        worker.status = "busy"
+        self._fill(self.slots[worker.worker_id])
+        return worker
+
     async def checkout(self, timeout: float) -> WorkerHandle:
         if self._idle and not self.queue_length:
-            w = self._pick()
-            w.status = "busy"
-            return w
+            return self._hand_out(self._pick())
         fut: asyncio.Future[WorkerHandle] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
@@ -274,7 +474,6 @@ class WorkerPool:
             else:
                 fut.cancel()
             raise
-        w.status = "busy"
         return w
 
     def _checkin(self, worker: WorkerHandle) -> None:
@@ -282,58 +481,37 @@ class WorkerPool:
         while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
-                worker.status = "busy"
-                fut.set_result(worker)
+                fut.set_result(self._hand_out(worker))
                 return
         self._idle.append(worker)
 
-    def checkin(self, worker: WorkerHandle) -> None:
-        """Return a worker after a program; a dead or recycled one is replaced first."""
-        if worker.status == "dead" or worker.proc is None or worker.proc.returncode is not None:
-            self._spawn_replacement(worker.spec)
-        else:
-            self._checkin(worker)
-
-    async def retire(self, worker: WorkerHandle) -> None:
-        await worker.kill()
-        self._spawn_replacement(worker.spec)
-
-    def _spawn_replacement(self, spec: WorkerSpec) -> None:
-        if self.closing:
-            return
-        task = asyncio.get_running_loop().create_task(self._replace(spec))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _replace(self, spec: WorkerSpec) -> None:
-        delay = 0.5
-        while not self.closing:
-            fresh = WorkerHandle(spec, self.env_for(spec), self.cwd)
-            self.workers[spec.worker_id] = fresh
-            try:
-                await fresh.start()
-            except Exception as exc:  # noqa: BLE001 - keep trying; log why
-                log_event("worker_start_failed", worker_id=spec.worker_id, error=f"{type(exc).__name__}: {exc}")
-                await fresh.kill()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30)
-                continue
-            log_event("worker_replaced", worker_id=spec.worker_id, pid=fresh.proc.pid if fresh.proc else None)
-            self._checkin(fresh)
-            return
+    def release(self, worker: WorkerHandle) -> None:
+        """A worker's program is over: it is disposed of, its successor takes the slot."""
+        worker.end()
+        self._background(worker.dispose())
+        slot = self.slots[worker.worker_id]
+        if slot.current is worker:
+            slot.current = None
+        if slot.ready and not self.closing:
+            slot.current = slot.ready.popleft()
+            self._checkin(slot.current)
+        self._fill(slot)
 
     async def close(self) -> None:
         self.closing = True
         for t in list(self._tasks):
             t.cancel()
-        await asyncio.gather(*(w.stop() for w in self.workers.values()), return_exceptions=True)
+        handles = [h for slot in self.slots.values() for h in (slot.current, *slot.ready) if h is not None] + self._idle
+        await asyncio.gather(*(h.stop() for h in set(handles)), return_exceptions=True)
+        await self.zygote.close()
 
     def describe(self) -> list[dict[str, Any]]:
         now = time.time()
-        return [
-            {"worker_id": w.worker_id, "gpu_id": w.gpu_id,
-             "status": w.status if w.status in ("idle", "busy") else "starting",  # dead: being replaced
-             "uptime_seconds": round(now - w.started_at, 3), "pid": w.proc.pid if w.proc else None}
-            for w in self.workers.values()
-        ]
-
+        out = []
+        for slot in self.slots.values():
+            w = slot.current
+            status = w.status if w is not None and w.status in ("idle", "busy") else "starting"
+            out.append({"worker_id": slot.spec.worker_id, "gpu_id": slot.spec.gpu_id, "status": status,
+                        "uptime_seconds": round(now - w.started_at, 3) if w else 0.0,
+                        "pid": w.pid if w else None})
+        return out

@@ -2,11 +2,12 @@
 
 Every path is walked one component at a time with `dir_fd` and O_NOFOLLOW, so a symbolic
 link planted by earlier program code can never redirect a write or a read outside the
-workspace. Used by the server (create/remove) and the worker (files in and out).
+workspace. Used by the worker (files in and out) and the server (removing folders).
 """
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import stat
@@ -23,26 +24,52 @@ class WorkspaceError(ValueError):
     """A path the workspace rules refuse (a link, a special file, a missing file)."""
 
 
+class BlobCorrupted(WorkspaceError):
+    """A cached blob whose bytes no longer match its digest (rewritten since it was cached)."""
+
+    def __init__(self, message: str, digest: str | None) -> None:
+        super().__init__(message)
+        self.digest = digest
+
+
 @dataclass(frozen=True)
-class RequestDirs:
-    base: str  # holds the captured stdout/stderr, outside the working directory
-    work: str  # the program's working directory
+class BlobRef:
+    """A cached blob as a worker sees it: a read-only descriptor, and the digest to check
+    its bytes against when the program could have rewritten the file (`None`: it could not,
+    the file belongs to another uid)."""
 
-    @property
-    def stdout_path(self) -> str:
-        return os.path.join(self.base, "stdout")
-
-    @property
-    def stderr_path(self) -> str:
-        return os.path.join(self.base, "stderr")
+    fd: int
+    verify: str | None = None
 
 
-def create_request_dirs(root: str, request_id: str) -> RequestDirs:
-    base = os.path.join(root, f"req-{request_id}")
-    os.mkdir(base, 0o700)
-    work = os.path.join(base, "work")
-    os.mkdir(work, 0o700)
-    return RequestDirs(base, work)
+def read_blob(blob: BlobRef, writable: bool = False) -> bytes | bytearray:
+    """The blob's bytes, copied once (read at explicit offsets: one descriptor may serve
+    several uploads); a bytearray when the caller needs to write into it (a tensor)."""
+    size = os.fstat(blob.fd).st_size
+    data: bytes | bytearray
+    if writable:
+        data = bytearray(size)
+        view = memoryview(data)
+        offset = 0
+        while offset < size:
+            n = os.preadv(blob.fd, [view[offset:]], offset)
+            if n == 0:
+                raise BlobCorrupted(f"cached blob {blob.verify or ''} shrank while being read", blob.verify)
+            offset += n
+    else:
+        chunks: list[bytes] = []
+        offset = 0
+        while offset < size:
+            chunk = os.pread(blob.fd, min(size - offset, 1 << 30), offset)
+            if not chunk:
+                raise BlobCorrupted(f"cached blob {blob.verify or ''} shrank while being read", blob.verify)
+            chunks.append(chunk)
+            offset += len(chunk)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if blob.verify is not None and hashlib.sha256(data).hexdigest() != blob.verify:
+        raise BlobCorrupted(f"cached blob {blob.verify} does not match its digest (it was rewritten); "
+                            "the server dropped it, send it again", blob.verify)
+    return data
 
 
 def remove_tree(path: str) -> None:
@@ -93,8 +120,8 @@ def _walk(root: str, parts: list[str], create: bool) -> int:
         raise
 
 
-def write_file_from(root: str, relpath: str, source_path: str) -> None:
-    """Materialise `source_path`'s bytes at root/relpath (mode 0600, parents 0700)."""
+def write_file_from(root: str, relpath: str, source: BlobRef) -> None:
+    """Materialise the blob's bytes at root/relpath (mode 0600, parents 0700)."""
     parts = normalize_path(relpath).split("/")
     dfd = _walk(root, parts[:-1], create=True)
     try:
@@ -110,14 +137,19 @@ def write_file_from(root: str, relpath: str, source_path: str) -> None:
         if not stat.S_ISREG(os.fstat(out).st_mode):
             raise WorkspaceError(f"{relpath!r} exists and is not a regular file")
         os.fchmod(out, 0o600)
-        with open(source_path, "rb") as src:
-            size = os.fstat(src.fileno()).st_size
-            offset = 0
-            while offset < size:
-                sent = os.sendfile(out, src.fileno(), offset, size - offset)
-                if sent == 0:
-                    break
-                offset += sent
+        if source.verify is not None:  # checked in memory, so what is checked is what is written
+            data = read_blob(source)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(out, view):]
+            return
+        size = os.fstat(source.fd).st_size
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(out, source.fd, offset, size - offset)
+            if sent == 0:
+                break
+            offset += sent
     finally:
         os.close(out)
 

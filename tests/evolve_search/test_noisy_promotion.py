@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kcoral import Client
 
 from evolve.config import PromotionConfig, RunConfig
@@ -13,6 +15,7 @@ from evolve.promotion import Promoter
 from evolve.render import render_candidate, source_digest
 from tests.evolve_search.conftest import NUMPY_FAMILY
 from tests.evolve_search.helpers import WORKLOAD
+from tests.serverproc import ServerProcess
 
 # The best is the token loop (about 10 ms here); the fixture is about 2x faster than it when
 # fast and several times slower when slow.
@@ -49,7 +52,16 @@ def setup(data, B, T, H):
     return dest
 
 
-def test_noisy_winner_is_not_promoted(tmp_path, pop, cpu_server):
+@pytest.fixture(scope="module")
+def unsandboxed_server():
+    """The fixture reads a mode file on this machine from inside the bench, which a
+    sandboxed server (rightly) does not allow: a server with --sandbox none."""
+    with ServerProcess(["--cpu-workers", "2", "--sandbox", "none"]) as srv:
+        yield srv
+
+
+def test_noisy_winner_is_not_promoted(tmp_path, pop, unsandboxed_server):
+    cpu_server = unsandboxed_server
     fam = load_family(NUMPY_FAMILY)
     wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
     stages_cfg = RunConfig.model_fields["stages"].default_factory()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 from typing import Any
 
 import httpx
@@ -41,3 +43,29 @@ def function_program(source: str, name: str = "main", args: list[Any] | None = N
     out = p.run(fn=fn, args=args or [])
     p.return_(key=key, value=out)
     return p
+
+
+def unique_sleep() -> str:
+    """A `sleep` duration no other process uses: the test finds the process by its argv
+    from outside (a sandboxed program's pids are its own namespace's)."""
+    return f"{300 + secrets.randbelow(10 ** 6) / 10 ** 6:.6f}"
+
+
+def processes_with_argv(*argv: str) -> list[int]:
+    """Host pids of live (not zombie) processes whose command line is exactly `argv`."""
+    want = "\0".join(argv).encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if f.read() != want:
+                    continue
+            with open(f"/proc/{name}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(name))
+    return found

@@ -13,18 +13,18 @@ from tests.serverproc import ServerProcess
 
 from .helpers import function_program, post_program
 
-COUNTER = (
+# Each run returns a fresh random token: equal tokens mean one run (a sandboxed program
+# cannot count its runs in the test's files).
+RUN_TOKEN = (
     "import os, time\n"
-    "def main(path, sleep):\n"
-    "    n = int(open(path).read()) + 1 if os.path.exists(path) else 1\n"
-    "    open(path, 'w').write(str(n))\n"
+    "def main(tag, sleep):\n"
     "    time.sleep(sleep)\n"
-    "    return n\n"
+    "    return os.urandom(8).hex()\n"
 )
 
 
-def counter_program(path: str, sleep: float = 0.0) -> Program:
-    return function_program(COUNTER, args=[path, sleep])
+def token_program(tag: str = "", sleep: float = 0.0) -> Program:
+    return function_program(RUN_TOKEN, args=[tag, sleep])
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +38,22 @@ def server(state_dir):
         yield srv
 
 
-def test_retry_with_same_key_does_not_rerun(server, tmp_path) -> None:
-    counter = tmp_path / "count"
+def test_retry_with_same_key_does_not_rerun(server) -> None:
     with Client(server.url) as c:
-        a = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="key-a")
-        b = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="key-a")
-        fresh = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="key-b")
-    assert a.results["out"] == b.results["out"] == 1
+        a = c.execute(token_program(), timeout_seconds=30, idempotency_key="key-a")
+        b = c.execute(token_program(), timeout_seconds=30, idempotency_key="key-a")
+        fresh = c.execute(token_program(), timeout_seconds=30, idempotency_key="key-b")
+    assert a.results["out"] == b.results["out"]
     assert a.request_id == b.request_id
-    assert fresh.results["out"] == 2
-    assert counter.read_text() == "2"
+    assert fresh.results["out"] != a.results["out"]
     deadline = time.monotonic() + 5  # log lines are written in batches
     while not any(e.get("replay") for e in server.request_logs()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert any(e.get("replay") for e in server.request_logs())
 
 
-def test_retry_after_dropped_connection_waits_for_the_running_attempt(server, tmp_path) -> None:
-    counter = tmp_path / "count"
-    p = counter_program(str(counter), sleep=1.5)
+def test_retry_after_dropped_connection_waits_for_the_running_attempt(server) -> None:
+    p = token_program("dropped", sleep=1.5)
     prog = p.to_dict({"timeout_seconds": 30})
     headers = {"Idempotency-Key": "dropped-1"}
     with pytest.raises(httpx.ReadTimeout):
@@ -68,53 +65,58 @@ def test_retry_after_dropped_connection_waits_for_the_running_attempt(server, tm
     r = post_program(server.url, prog, headers=headers)
     result, _ = _split_response(r)
     assert result["status"] == "COMPLETED", result
-    assert result["results"]["out"]["value"] == 1
-    assert counter.read_text() == "1"
+    # The answer is the dropped attempt's (its request id); the retry itself was a replay.
+    rid = result["request_id"]
+    deadline = time.monotonic() + 5  # log lines are written in batches
+    while time.monotonic() < deadline:
+        logs = server.request_logs()
+        if any(e.get("replay") and e["request_id"] != rid for e in logs) and any(e["request_id"] == rid for e in logs):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the retry was not answered with the dropped attempt's outcome")
 
 
-def test_concurrent_retries_share_one_run(server, tmp_path) -> None:
-    counter = tmp_path / "count"
+def test_concurrent_retries_share_one_run(server) -> None:
     outs: list = [None, None, None]
 
     def go(i: int) -> None:
         with Client(server.url) as c:
-            outs[i] = c.execute(counter_program(str(counter), sleep=0.5), timeout_seconds=30, idempotency_key="conc-1")
+            outs[i] = c.execute(token_program(sleep=0.5), timeout_seconds=30, idempotency_key="conc-1")
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert [o.results["out"] for o in outs] == [1, 1, 1]
-    assert counter.read_text() == "1"
+    assert len({o.results["out"] for o in outs}) == 1
+    assert len({o.request_id for o in outs}) == 1
 
 
-def test_same_key_for_a_different_program_is_refused(server, tmp_path) -> None:
+def test_same_key_for_a_different_program_is_refused(server) -> None:
     with Client(server.url) as c:
-        c.execute(counter_program(str(tmp_path / "c1")), timeout_seconds=30, idempotency_key="reuse-1")
-    r = post_program(server.url, counter_program(str(tmp_path / "c2")).to_dict(), headers={"Idempotency-Key": "reuse-1"})
+        c.execute(token_program("c1"), timeout_seconds=30, idempotency_key="reuse-1")
+    r = post_program(server.url, token_program("c2").to_dict(), headers={"Idempotency-Key": "reuse-1"})
     assert r.status_code == 400 and "different program" in r.json()["error"]["message"]
 
 
-def test_outcome_survives_a_server_restart(server, state_dir, tmp_path) -> None:
-    counter = tmp_path / "count"
+def test_outcome_survives_a_server_restart(server, state_dir) -> None:
     seeds = Program()
     seeds.return_(key="s", value=seeds.run(fn="builtin.holdout_seeds", args=["restart", 3]))
     with Client(server.url) as c:
-        a = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="restart-1")
+        a = c.execute(token_program(), timeout_seconds=30, idempotency_key="restart-1")
         seeds_first = c.execute(seeds, timeout_seconds=30).raise_for_failure().results["s"]
     salt_first = (state_dir / "holdout_salt").read_bytes()
     # A new server process on the same state dir (as after a restart) replays the outcome.
     with ServerProcess(["--cpu-workers", "1", "--state-dir", str(state_dir)]) as second:
         assert second.instance_id != server.instance_id
         with Client(second.url) as c:
-            b = c.execute(counter_program(str(counter)), timeout_seconds=30, idempotency_key="restart-1")
+            b = c.execute(token_program(), timeout_seconds=30, idempotency_key="restart-1")
             seeds_second = c.execute(seeds, timeout_seconds=30).raise_for_failure().results["s"]
     # The salt persisted (its file is reused); the seeds differ, each call having its own nonce.
     assert (state_dir / "holdout_salt").read_bytes() == salt_first
     assert len(set(seeds_first)) == len(set(seeds_second)) == 3 and seeds_first != seeds_second
-    assert a.results["out"] == b.results["out"] == 1 and a.request_id == b.request_id
-    assert counter.read_text() == "1"
+    assert a.results["out"] == b.results["out"] and a.request_id == b.request_id
     # The same state dir also kept the generated holdout salt (private file).
     salt = state_dir / "holdout_salt"
     assert salt.exists() and (salt.stat().st_mode & 0o777) == 0o600

@@ -1,7 +1,6 @@
 """GPU lease exclusivity, on virtual GPUs (NumPy workers standing in for devices)."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -11,14 +10,14 @@ import pytest
 from kcoral import Client, Program
 from tests.serverproc import ServerProcess
 
+# Programs report when they held the GPU in their results (a sandboxed program cannot
+# write to the test's files).
 RECORDER = (
-    "import json, os, time\n"
-    "def hold(path, tag, seconds):\n"
+    "import time\n"
+    "def hold(tag, seconds):\n"
     "    start = time.time()\n"
     "    time.sleep(seconds)\n"
-    "    with open(path, 'a') as f:\n"
-    "        f.write(json.dumps([tag, start, time.time()]) + '\\n')\n"
-    "    return tag\n"
+    "    return [tag, start, time.time()]\n"
 )
 
 
@@ -28,11 +27,11 @@ def vgpu_server():
         yield srv
 
 
-def _program(path: str, tag: str, seconds: float, cpu_only: bool = False) -> Program:
+def _program(tag: str, seconds: float, cpu_only: bool = False) -> Program:
     p = Program()
     mod = p.upload(kind="module", source=RECORDER)
     fn = p.get_function(module=mod, name="hold", cpu_only=cpu_only)
-    p.return_(key="tag", value=p.run(fn=fn, args=[path, tag, seconds]))
+    p.return_(key="tag", value=p.run(fn=fn, args=[tag, seconds]))
     return p
 
 
@@ -51,15 +50,14 @@ def _run_concurrently(url: str, programs: list[Program]) -> list:
     return results
 
 
-def _intervals(path) -> dict[str, tuple[float, float]]:
-    return {tag: (a, b) for tag, a, b in (json.loads(line) for line in path.read_text().splitlines())}
+def _intervals(outs: list) -> dict[str, tuple[float, float]]:
+    return {tag: (a, b) for tag, a, b in (o.results["tag"] for o in outs if o is not None and o.status == "COMPLETED")}
 
 
-def test_programs_on_one_gpu_never_hold_the_lease_at_once(vgpu_server, tmp_path) -> None:
-    log = tmp_path / "intervals.jsonl"
-    outs = _run_concurrently(vgpu_server.url, [_program(str(log), f"p{i}", 0.4) for i in range(3)])
+def test_programs_on_one_gpu_never_hold_the_lease_at_once(vgpu_server) -> None:
+    outs = _run_concurrently(vgpu_server.url, [_program(f"p{i}", 0.4) for i in range(3)])
     assert all(o.status == "COMPLETED" for o in outs)
-    spans = sorted(_intervals(log).values())
+    spans = sorted(_intervals(outs).values())
     assert len(spans) == 3
     for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
         assert e1 <= s2, f"lease intervals overlap: {(s1, e1)} and {(s2, e2)}"
@@ -68,16 +66,15 @@ def test_programs_on_one_gpu_never_hold_the_lease_at_once(vgpu_server, tmp_path)
     assert all(o.gpu == 0 for o in outs)
 
 
-def test_cpu_only_run_releases_the_lease(vgpu_server, tmp_path) -> None:
-    log = tmp_path / "intervals.jsonl"
-    gpu_prog = _program(str(log), "gpu", 0.4)
+def test_cpu_only_run_releases_the_lease(vgpu_server) -> None:
+    gpu_prog = _program("gpu", 0.4)
     cpu_prog = Program()
     # The CPU program first takes the lease (tensor upload); its cpu_only run must give it
     # back, so the GPU program (started later) gets the GPU while the cpu_only run sleeps.
     cpu_prog.upload(kind="tensor", value=np.zeros(4, np.float32))
     mod = cpu_prog.upload(kind="module", source=RECORDER)
     fn = cpu_prog.get_function(module=mod, name="hold", cpu_only=True)
-    cpu_prog.return_(key="tag", value=cpu_prog.run(fn=fn, args=[str(log), "cpu", 1.5]))
+    cpu_prog.return_(key="tag", value=cpu_prog.run(fn=fn, args=["cpu", 1.5]))
 
     outs: list = [None, None]
 
@@ -91,7 +88,7 @@ def test_cpu_only_run_releases_the_lease(vgpu_server, tmp_path) -> None:
         t.start()
     for t in threads:
         t.join()
-    spans = _intervals(log)
+    spans = _intervals(outs)
     (gs, ge), (cs, ce) = spans["gpu"], spans["cpu"]
     assert cs < ge and gs < ce, "the cpu_only run should have overlapped the GPU holder"
     assert outs[0].status == outs[1].status == "COMPLETED"
@@ -99,9 +96,8 @@ def test_cpu_only_run_releases_the_lease(vgpu_server, tmp_path) -> None:
     assert outs[0].lease_wait_ms < 300 and outs[0].lease_held_ms >= 350
 
 
-def test_health_reports_lease_depth_time_held_and_workers(vgpu_server, tmp_path) -> None:
-    log = tmp_path / "i.jsonl"
-    t = threading.Thread(target=_run_concurrently, args=(vgpu_server.url, [_program(str(log), f"h{i}", 0.8) for i in range(2)]))
+def test_health_reports_lease_depth_time_held_and_workers(vgpu_server) -> None:
+    t = threading.Thread(target=_run_concurrently, args=(vgpu_server.url, [_program(f"h{i}", 0.8) for i in range(2)]))
     t.start()
     depth = 0
     deadline = time.monotonic() + 5

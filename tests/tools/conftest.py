@@ -19,6 +19,7 @@ FIXTURES = HERE / "fixtures"
 def fake_ncu_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A bin directory whose `ncu` is the fake (a shell wrapper around fake_ncu.py)."""
     bin_dir = tmp_path_factory.mktemp("fake-ncu-bin")
+    bin_dir.chmod(0o755)  # the server's sandboxed programs run as another uid and must find it
     wrapper = bin_dir / "ncu"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKES / "fake_ncu.py"}" "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

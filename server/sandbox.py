@@ -1,0 +1,250 @@
+"""The per-request sandbox: what bubblewrap builds, with which limits, under which uid.
+
+One sandbox per request: bwrap creates fresh PID, mount, IPC, UTS and network namespaces
+whose root holds the system directories and the Python installation read-only, a
+size-limited tmpfs at /kcoral (the workspace, /tmp and /dev/shm all live in it), and
+nothing of the server's state (state directory, journal, salt, token, blob cache, other
+requests). bwrap's own command is a placeholder that waits; a preloaded worker forked by
+the zygote then joins those namespaces (see zygote.py). Killing the namespace's init
+kills every process of the request.
+
+When the server runs as root, bwrap runs privileged (no user namespace) and each worker
+slot's programs run as their own unprivileged uid, so RLIMIT_NPROC counts one request's
+processes. Otherwise bwrap maps the server's uid into a user namespace (RLIMIT_NPROC is
+then counted per namespace by the kernel) and the worker drops every capability.
+"""
+from __future__ import annotations
+
+import enum
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+# Paths inside the sandbox. Everything writable is under ROOT, one tmpfs.
+ROOT = "/kcoral"
+WORK = f"{ROOT}/work"        # the program's working directory (its workspace)
+TMP = f"{ROOT}/tmp"          # /tmp and $TMPDIR
+SHM = f"{ROOT}/shm"          # /dev/shm
+HOME = f"{ROOT}/home"        # $HOME (CUDA's compute cache, tools' dotfiles)
+TOOLS = "/run/kcoral/path"   # server PATH directories that cannot appear at their own path
+CACHE = f"{ROOT}/cache"      # CUPY_CACHE_DIR and the like
+WRITABLE_DIRS = (WORK, TMP, SHM, HOME, CACHE)
+
+READY = b"ready\n"  # what the sandbox's placeholder command echoes once the sandbox is built
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+_BASIC_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+class SandboxMode(str, enum.Enum):
+    BWRAP = "bwrap"  # a bubblewrap sandbox per request
+    NONE = "none"    # workers run as the server's uid, in the server's namespaces
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-request bounds (0 = no limit)."""
+
+    memory_bytes: int = 2 << 30      # RLIMIT_AS (not applied on GPU workers: CUDA reserves huge address ranges)
+    processes: int = 256             # RLIMIT_NPROC
+    file_bytes: int = 1 << 30        # RLIMIT_FSIZE
+    workspace_bytes: int = 2 << 30   # size of the /kcoral tmpfs (bwrap mode)
+
+
+def _exists(path: str) -> bool:
+    return os.path.lexists(path)
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def python_paths() -> list[str]:
+    """Directories the worker's Python needs: the installation, the virtual environment,
+    its site-packages and this project's sources (an editable install points there).
+    Not sys.path as a whole: its first entry is often just the directory the server was
+    started from."""
+    import site
+
+    import kcoral
+    import server
+
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    for pkg in (kcoral, server):
+        paths.add(os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__ or ""))))
+    paths.update(site.getsitepackages() + [site.getusersitepackages()])
+    own = (ROOT, "/tmp", "/dev", "/proc")  # the sandbox's own mount points
+    return sorted(p for p in paths if p and p != "/" and os.path.isdir(p) and not any(_inside(p, o) for o in own))
+
+
+def gpu_paths() -> tuple[list[str], list[str]]:
+    """(device nodes, read-only paths) a GPU request needs, as far as they exist here."""
+    devices = sorted(set(glob.glob("/dev/nvidia*")) | set(glob.glob("/dev/nvidia-caps/*")))
+    devices = [d for d in devices if not os.path.isdir(d)]
+    ro = [p for p in ("/sys", "/run/nvidia-persistenced", "/usr/local/cuda", "/opt") if os.path.exists(p)]
+    return devices, ro
+
+
+@dataclass
+class SandboxPolicy:
+    mode: SandboxMode
+    limits: SandboxLimits
+    uid_base: int = 2_000_000_000       # root only: slot i runs as uid_base + i
+    hidden: list[str] = field(default_factory=list)  # server paths no request may see
+    privileged: bool = field(default_factory=lambda: os.geteuid() == 0)
+    bwrap: str = "bwrap"
+    _ro: list[str] = field(default_factory=list)
+    _argv: dict[bool, list[str]] = field(default_factory=dict)
+    _path: list[tuple[str, str]] = field(default_factory=list)  # (host dir, sandbox dir) of $PATH
+
+    @property
+    def bwrap_path(self) -> str:
+        return shutil.which(self.bwrap) or self.bwrap
+
+    def __post_init__(self) -> None:
+        ro = [p for p in _SYSTEM_DIRS if _exists(p)] + python_paths()
+        # Parents first; a path already covered by a bound parent is not bound again.
+        kept: list[str] = []
+        for p in sorted(set(ro), key=lambda s: (s.count("/"), s)):
+            if not any(_inside(p, k) and not os.path.islink(k) for k in kept):
+                kept.append(p)
+        self._ro = kept
+        self._path = self._tool_dirs()
+        self.hidden = sorted({os.path.realpath(h) for h in self.hidden if h} | {os.path.abspath(h) for h in self.hidden if h})
+
+    def _tool_dirs(self) -> list[tuple[str, str]]:
+        """The server's $PATH directories, so the tools it offers (ncu, compute-sanitizer,
+        nvcc, ...) are there for programs too: read-only, at their own path, or under TOOLS
+        where that path is one of the sandbox's own (/tmp, /kcoral, /dev, /proc)."""
+        out: list[tuple[str, str]] = []
+        own = (ROOT, "/tmp", "/dev", "/proc", "/run")
+        for d in os.environ.get("PATH", "").split(os.pathsep):
+            if not d.startswith("/") or not os.path.isdir(d):
+                continue
+            d = os.path.normpath(d)
+            if any(_inside(d, k) for k in self._ro) or any(h == d for h, _ in out):
+                out.append((d, d))
+            elif any(_inside(d, o) for o in own):
+                out.append((d, f"{TOOLS}/{len(out)}"))
+            else:
+                out.append((d, d))
+        return out
+
+    def sandbox_env(self, base: dict[str, str]) -> dict[str, str]:
+        """A sandboxed worker's environment: the worker environment with home, temp and
+        cache folders pointed into the request's tmpfs, and $PATH as the sandbox shows it."""
+        env = dict(base)
+        env.update(HOME=HOME, TMPDIR=TMP, CUPY_CACHE_DIR=f"{CACHE}/cupy", XDG_CACHE_HOME=CACHE)
+        if self._path:
+            env["PATH"] = os.pathsep.join(dict.fromkeys(inside for _, inside in self._path))
+        return env
+
+    # ------------------------------------------------------------------ identity
+    def uid_for(self, slot: int) -> int | None:
+        """The uid a slot's programs run as (None: the server's own uid)."""
+        if self.mode is SandboxMode.BWRAP and self.privileged:
+            return self.uid_base + slot
+        return None
+
+    @property
+    def uses_userns(self) -> bool:
+        return self.mode is SandboxMode.BWRAP and not self.privileged
+
+    def describe(self) -> dict[str, object]:
+        """For /health."""
+        return {
+            "mode": self.mode.value,
+            "user_namespace": self.uses_userns,
+            "separate_uid": self.mode is SandboxMode.BWRAP and self.privileged,
+            "limits": {"memory_bytes": self.limits.memory_bytes, "processes": self.limits.processes,
+                       "file_bytes": self.limits.file_bytes,
+                       "workspace_bytes": self.limits.workspace_bytes if self.mode is SandboxMode.BWRAP else None},
+        }
+
+    # ------------------------------------------------------------------ bwrap
+    def bwrap_argv(self, gpu: bool, info_fd: int | None = None) -> list[str]:
+        """bwrap's command line; its command echoes one line once the sandbox is built and
+        then waits for stdin to close. `info_fd` receives bwrap's JSON (the init's pid)."""
+        if gpu not in self._argv:  # the same for every request (the paths were resolved at start)
+            self._argv[gpu] = self._build_argv(gpu)
+        info = ["--info-fd", str(info_fd)] if info_fd is not None else []
+        # The placeholder command holds the sandbox open until its stdin closes; it echoes
+        # the line the server writes first, which tells the server the sandbox is built. As
+        # PID 1 it ignores every signal a program can send it.
+        return self._argv[gpu] + info + ["--as-pid-1", "--chdir", "/", "--", "/bin/cat"]
+
+    def _build_argv(self, gpu: bool) -> list[str]:
+        a = [self.bwrap_path, "--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts",
+             "--unshare-cgroup-try", "--die-with-parent"]
+        if self.uses_userns:
+            a.append("--unshare-user")
+        # Parents of nested binds (e.g. /home/ci for /home/ci/python3.11) would be made 0700:
+        # create them traversable first.
+        tools = [(h, i) for h, i in dict.fromkeys(self._path) if not any(_inside(h, k) for k in self._ro)]
+        dests = self._ro + [i for _, i in tools]
+        parents = sorted({os.path.dirname(p[:i]) for p in dests for i in range(len(p) + 1)
+                          if p[i:i + 1] in ("/", "") and os.path.dirname(p[:i]) not in ("", "/")}
+                         - set(dests), key=lambda s: (s.count("/"), s))
+        for d in parents:
+            if not any(_inside(d, k) for k in self._ro):
+                a += ["--perms", "0755", "--dir", d]
+        for p in self._ro:
+            if os.path.islink(p):
+                a += ["--symlink", os.readlink(p), p]
+            else:
+                a += ["--ro-bind", p, p]
+        for host, inside in tools:
+            a += ["--ro-bind", host, inside]
+        a += ["--proc", "/proc", "--tmpfs", "/dev"]
+        for d in _BASIC_DEVICES:
+            if _exists(d):
+                a += ["--dev-bind", d, d]
+        a += ["--symlink", "/proc/self/fd", "/dev/fd", "--symlink", "/proc/self/fd/0", "/dev/stdin",
+              "--symlink", "/proc/self/fd/1", "/dev/stdout", "--symlink", "/proc/self/fd/2", "/dev/stderr"]
+        if gpu:
+            devices, ro = gpu_paths()
+            for d in devices:
+                a += ["--dev-bind", d, d]
+            for p in ro:
+                if not any(_inside(p, k) for k in self._ro):
+                    a += ["--ro-bind", p, p]
+        if self.limits.workspace_bytes:
+            a += ["--size", str(self.limits.workspace_bytes)]
+        a += ["--tmpfs", ROOT]
+        for d in WRITABLE_DIRS:
+            a += ["--dir", d]
+        a += ["--symlink", TMP, "/tmp", "--symlink", SHM, "/dev/shm"]
+        # Server state that happens to lie inside a bound directory: hidden behind an empty,
+        # read-only tmpfs (a directory) or /dev/null (a file).
+        for h in self.hidden:
+            if not any(_inside(h, k) for k in self._ro) or not os.path.exists(h):
+                continue
+            if os.path.isdir(h):
+                a += ["--tmpfs", h, "--remount-ro", h]
+            else:
+                a += ["--ro-bind", "/dev/null", h]
+        return a
+
+    def bwrap_env(self) -> dict[str, str]:
+        """bwrap's own environment: nothing of the server's."""
+        return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+    def probe(self) -> str | None:
+        """None if a sandbox can be built here, else why not."""
+        if shutil.which(self.bwrap) is None:
+            return f"{self.bwrap} (bubblewrap) is not installed (not on PATH)"
+        try:
+            out = subprocess.run(self.bwrap_argv(gpu=False), input=READY, capture_output=True,
+                                 env=self.bwrap_env(), timeout=30)
+        except FileNotFoundError:
+            return f"{self.bwrap} (bubblewrap) is not installed"
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"{self.bwrap} could not run: {exc}"
+        if out.returncode != 0 or out.stdout != READY:
+            err = out.stderr.decode(errors="replace").strip()
+            return f"{self.bwrap} failed (status {out.returncode}): {err or 'no message'}"
+        return None
+
