@@ -87,8 +87,8 @@ class Engine:
         self.specs, gpu_ids, self.backend = self._plan()
         self.leases = LeaseScheduler(gpu_ids) if gpu_ids else None
         self.gpu_ids = gpu_ids
-        self._base_env = self._worker_env()
         self.sandbox = self._sandbox_policy()
+        self._base_env = self._worker_env()
         self.pool = WorkerPool(self.specs, self._env_for, self.run_root, self.leases, self.sandbox,
                                Zygote(self._base_env, self.run_root))
         self.target = target_arch(gpu_ids) if self.backend == "gpu" else {}
@@ -147,6 +147,8 @@ class Engine:
             names = {salt_file, os.path.abspath(salt_file), os.path.realpath(salt_file)}
             env = {k: v for k, v in env.items() if not any(n in v for n in names)}
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        # Programs may say how they were isolated (the KDA judge prints it in its report).
+        env["KCORAL_SANDBOX"] = self.sandbox.mode.value
         return env
 
     async def start(self) -> None:
