@@ -98,7 +98,8 @@ def test_judge_process_is_not_dumpable_and_reaps_orphans():
     code = textwrap.dedent("""
         import os, sys, time
         sys.path.insert(0, sys.argv[1])
-        from judge.hostproc import protect_judge, sweep_orphans, _children_of
+        from judge.hostproc import protect_judge, sweep_orphans
+        from judge.runner import children_by_parent
         got = protect_judge()
         if os.fork() == 0:          # a double-forked daemon, as a host might leave
             if os.fork() == 0:
@@ -106,9 +107,9 @@ def test_judge_process_is_not_dumpable_and_reaps_orphans():
             os._exit(0)
         os.wait()
         time.sleep(0.2)
-        before = len(_children_of().get(os.getpid(), []))
+        before = len(children_by_parent().get(os.getpid(), []))
         sweep_orphans()
-        after = len(_children_of().get(os.getpid(), []))
+        after = len(children_by_parent().get(os.getpid(), []))
         print(got["non_dumpable"], got["subreaper"], before, after)
     """)
     out = subprocess.run([sys.executable, "-c", code, str(KDA)], capture_output=True, text=True, timeout=60)

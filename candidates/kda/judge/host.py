@@ -22,7 +22,6 @@ Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "
 from __future__ import annotations
 
 import ctypes
-import os
 import resource
 import socket
 import sys
@@ -35,6 +34,7 @@ from .harness import CandidateError, load_solution, tail
 from .memory import Mapper
 
 PR_SET_NO_NEW_PRIVS = 38
+FILE_LIMIT = 1 << 30  # bytes any file it writes may reach (its log included)
 
 
 def _harden() -> None:
@@ -44,9 +44,8 @@ def _harden() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     except Exception:  # noqa: BLE001 - not Linux
         pass
-    limit = int(os.environ.get("KDA_HOST_FSIZE", str(1 << 30)))
     try:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
     except (ValueError, OSError):
         pass
 

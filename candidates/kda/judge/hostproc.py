@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .channel import Channel, ChannelClosed
 from .harness import CandidateError
+from .runner import children_by_parent
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
@@ -55,7 +56,7 @@ def drops_uid() -> bool:
     """Hosts run as nobody when the judge is root and this Python runs for nobody (an
     interpreter under a private home does not): tried once."""
     if not _drop:
-        ok = hasattr(os, "geteuid") and os.geteuid() == 0 and os.environ.get("KDA_HOST_SAME_UID") != "1"
+        ok = hasattr(os, "geteuid") and os.geteuid() == 0
         if ok:
             try:
                 ok = subprocess.run([sys.executable, "-c", "import numpy"], user=UNPRIVILEGED, group=UNPRIVILEGED,
@@ -199,28 +200,10 @@ def _chown_tree(path: Path, uid: int) -> None:
             os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
 
 
-def _children_of() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        out.setdefault(ppid, []).append(int(entry))
-    return out
-
-
 def sweep_orphans() -> None:
     """Kill every descendant of the judge that is not a live host or inside one. Orphans
     of closed hosts were re-parented to the judge (its subreaper flag)."""
-    children = _children_of()
+    children = children_by_parent()
     keep = set(_live)
     doomed: list[int] = []
     stack = [c for c in children.get(os.getpid(), []) if c not in keep]

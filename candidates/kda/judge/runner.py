@@ -91,13 +91,13 @@ def _env() -> dict:
     return env
 
 
-def _descendants(root: int) -> list:
-    """Every live descendant of `root` (Linux /proc; none found elsewhere)."""
-    children = {}
+def children_by_parent() -> dict:
+    """{parent pid: [child pids]} of every live process (Linux /proc; empty elsewhere)."""
+    children: dict = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return children
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -107,6 +107,12 @@ def _descendants(root: int) -> list:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _descendants(root: int) -> list:
+    """Every live descendant of `root`."""
+    children = children_by_parent()
     out, stack = [], [root]
     while stack:
         for child in children.get(stack.pop(), []):
