@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
+import signal
 import secrets
 from typing import Any
 
@@ -69,3 +71,17 @@ def processes_with_argv(*argv: str) -> list[int]:
             continue
         found.append(int(name))
     return found
+
+
+
+def assert_gone_then_kill(argv: tuple[str, ...], within: float, why: str) -> None:
+    """Wait up to `within` seconds for every process with this argv to end; fail with `why`
+    if one is left, killing it either way."""
+    try:
+        deadline = time.monotonic() + within
+        while processes_with_argv(*argv) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not processes_with_argv(*argv), why
+    finally:
+        for pid in processes_with_argv(*argv):
+            os.kill(pid, signal.SIGKILL)

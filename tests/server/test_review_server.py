@@ -10,7 +10,7 @@ import httpx
 from kcoral import Client, Program
 from tests.serverproc import ServerProcess
 
-from .helpers import function_program, post_program, processes_with_argv, sha, unique_sleep
+from .helpers import assert_gone_then_kill, function_program, post_program, processes_with_argv, sha, unique_sleep
 
 
 def test_captured_stdout_is_not_read_through_a_planted_symlink(client: Client, tmp_path) -> None:
@@ -97,14 +97,7 @@ def test_background_children_die_with_a_crashed_worker(client: Client) -> None:
     p.run(fn=p.get_function(module=mod, name="die"))
     res = client.execute(p, timeout_seconds=30)
     assert res.status == "FAILED" and "exited with status 3" in res.error.message
-    try:
-        deadline = time.monotonic() + 10
-        while processes_with_argv("sleep", marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not processes_with_argv("sleep", marker), "a process of the crashed program outlived its worker"
-    finally:
-        for pid in processes_with_argv("sleep", marker):
-            os.kill(pid, signal.SIGKILL)
+    assert_gone_then_kill(("sleep", marker), 10, "a process of the crashed program outlived its worker")
 
 
 def test_declared_oversized_return_is_refused_before_it_is_read() -> None:

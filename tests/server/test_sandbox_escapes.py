@@ -22,7 +22,7 @@ from kcoral import Client, Program
 from kcoral.wire import parse_program
 from tests.serverproc import ServerProcess
 
-from .helpers import function_program, processes_with_argv, unique_sleep
+from .helpers import assert_gone_then_kill, function_program, processes_with_argv, unique_sleep
 
 TOKEN = "escape-test-token-0123456789abcdef"
 SALT = "escape-test-salt-fedcba9876543210"
@@ -376,13 +376,8 @@ def test_a_daemon_left_by_a_crashed_program_neither_survives_nor_holds_the_reque
         elapsed = time.monotonic() - t0
         assert res.status == "FAILED" and "exited with status 3" in res.error.message, res
         assert elapsed < 10, f"the request waited {elapsed:.1f} s for a socket its daemon held"
-        deadline = time.monotonic() + 5
-        while processes_with_argv("sleep", marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not processes_with_argv("sleep", marker), "the daemon outlived its request"
     finally:
-        for pid in processes_with_argv("sleep", marker):
-            os.kill(pid, signal.SIGKILL)
+        assert_gone_then_kill(("sleep", marker), 5, "the daemon outlived its request")
 
 
 # ---------------------------------------------------------------------- bounded resources
