@@ -1,7 +1,6 @@
 """What the sandbox's bwrap command line binds (no sandbox is started here)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
