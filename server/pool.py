@@ -116,7 +116,7 @@ class WorkerHandle:
                 uid = self.sandbox.uid_for(self.spec.slot)
                 self.box = await SandboxProcess.start(self.sandbox, self.spec.backend == "gpu")
                 spec.update(init_pid=self.box.init_pid, userns=self.sandbox.uses_userns,
-                            uid=uid, gid=uid, workdir=sandbox_paths.WORK, own_dirs=list(sandbox_paths.WRITABLE_DIRS),
+                            uid=uid, gid=uid, workdir=sandbox_paths.WORK, own_dirs=[*sandbox_paths.WRITABLE_DIRS, "/tmp"],
                             env=self.sandbox.sandbox_env(self.env))
                 self.workdir = sandbox_paths.WORK
             else:

@@ -76,7 +76,9 @@ def python_paths() -> list[str]:
     for pkg in (kcoral, server):
         paths.add(os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__ or ""))))
     paths.update(site.getsitepackages() + [site.getusersitepackages()])
-    own = (ROOT, "/tmp", "/dev", "/proc")  # the sandbox's own mount points
+    # The sandbox's own mount points. /tmp is not among them: an installation under /tmp (a
+    # clone and its venv there, as CI may have) is bound over the sandbox's /tmp tmpfs.
+    own = (ROOT, "/dev", "/proc")
     return sorted(p for p in paths if p and p != "/" and os.path.isdir(p) and not any(_inside(p, o) for o in own))
 
 
@@ -191,7 +193,10 @@ class SandboxPolicy:
         for d in parents:
             if not any(_inside(d, k) for k in self._ro):
                 a += ["--perms", "0755", "--dir", d]
+        under_tmp = [p for p in self._ro if _inside(p, "/tmp")]
         for p in self._ro:
+            if p in under_tmp:
+                continue  # bound once /tmp is the sandbox's own (below)
             if os.path.islink(p):
                 a += ["--symlink", os.readlink(p), p]
             else:
@@ -216,7 +221,14 @@ class SandboxPolicy:
         a += ["--tmpfs", ROOT]
         for d in WRITABLE_DIRS:
             a += ["--dir", d]
-        a += ["--symlink", TMP, "/tmp", "--symlink", SHM, "/dev/shm"]
+        # /tmp is a tmpfs of its own, as large as the workspace (TMPDIR points into the
+        # workspace; /tmp is for programs that ignore it), so that an installation under /tmp
+        # can be bound into it read-only.
+        if self.limits.workspace_bytes:
+            a += ["--size", str(self.limits.workspace_bytes)]
+        a += ["--tmpfs", "/tmp", "--symlink", SHM, "/dev/shm"]
+        for p in under_tmp:
+            a += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
         # Server state that happens to lie inside a bound directory: hidden behind an empty,
         # read-only tmpfs (a directory) or /dev/null (a file).
         for h in self.hidden:
