@@ -2,7 +2,8 @@
 
 One sandbox per request: bwrap creates fresh PID, mount, IPC, UTS and network namespaces
 whose root holds the system directories and the Python installation read-only, a
-size-limited tmpfs at /kcoral (the workspace, /tmp and /dev/shm all live in it), and
+size-limited tmpfs at /kcoral (the workspace, $TMPDIR and /dev/shm live in it) and one of
+the same size at /tmp (where an installation under the host's /tmp is bound), and
 nothing of the server's state (state directory, journal, salt, token, blob cache, other
 requests). bwrap's own command is a placeholder that waits; a preloaded worker forked by
 the zygote then joins those namespaces (see zygote.py). Killing the namespace's init
