@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from .backend import BF16, Backend, bits_view, poison, write_into
 from .compare import check_output
 from .hostproc import HostProcess
-from .inputs import BF16_INPUTS, INPUT_NAMES
+from .inputs import INPUT_NAMES
 import numpy as np
 
 from .memory import ALIGN, Arena, plan_bytes
@@ -71,7 +71,6 @@ class Batch:
     host_ms: list[float]
     span_ms: float
     wall_ms: float  # the judge's clock: request sent -> snapshot complete
-    makers: list[MakeInputs] = field(default_factory=list)
 
 
 class Session:
@@ -127,7 +126,7 @@ class Session:
         if not isinstance(ms, list) or len(ms) != n or not all(_is_ms(x) for x in ms):
             ms = [math.nan] * n  # the host's figures are unusable: only the judge's clock counts
         span = reply.get("span_ms") if _is_ms(reply.get("span_ms")) else math.nan
-        return Batch(snaps, [float(x) for x in ms], float(span), wall, list(makers))
+        return Batch(snaps, [float(x) for x in ms], float(span), wall)
 
     def inputs_intact(self, last: Inputs) -> list[str]:
         """Names of the lent inputs the last call changed (they must be read-only to it)."""
@@ -165,5 +164,3 @@ def verify(be: Backend, spec: WorkloadSpec, snapshot: dict, inputs: Inputs, orac
             problems.append(v.detail)
     return {"ok": not problems, "detail": "; ".join(problems), "rms": rms}
 
-
-__all__ = ["BF16_INPUTS", "Batch", "Session", "verify"]

@@ -265,7 +265,6 @@ class Judge:
             batch = sess.batch(makers, flush_bytes)
         except CandidateError as exc:
             return [{"ok": False, "detail": f"{exc.kind}: {exc.message}", "rms": {}, "error": exc.kind}]
-        self.last_batch = batch
         out = []
         for snap, make in zip(batch.snapshots, makers):
             out.append(verify(self.be, self.spec, snap, make(), oracle, loose))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,6 @@ class Buffer:
     ptr: int | None = None  # GPU: the device pointer (freed by the arena)
     _mm: Any = None
     _used: int = 0
-    views: list = field(default_factory=list)
 
     def info(self) -> dict:
         return {"id": self.id, "nbytes": self.nbytes, "ipc": self.ipc}
