@@ -22,7 +22,7 @@ from .hostproc import HostProcess
 from .inputs import INPUT_NAMES
 import numpy as np
 
-from .memory import ALIGN, Arena, plan_bytes
+from .memory import DTYPES, Arena, plan_bytes
 from .reference import chunked_f32, recurrence_f64
 from .spec import WorkloadSpec
 
@@ -69,7 +69,6 @@ class Batch:
 
     snapshots: list[dict]  # per call: views of judge-private copies of output and final_state
     host_ms: list[float]
-    span_ms: float
     wall_ms: float  # the judge's clock: request sent -> snapshot complete
 
 
@@ -121,12 +120,11 @@ class Session:
             wall = (time.perf_counter() - t0) * 1e3
         finally:
             self.host.retire(buf)
-        snaps = [_split(p, output_layout(spec, self.T)) for p in private]
+        snaps = [_split(p, descs, block["offset"]) for p, (_, descs, block) in zip(private, results)]
         ms = reply.get("ms")
         if not isinstance(ms, list) or len(ms) != n or not all(_is_ms(x) for x in ms):
             ms = [math.nan] * n  # the host's figures are unusable: only the judge's clock counts
-        span = reply.get("span_ms") if _is_ms(reply.get("span_ms")) else math.nan
-        return Batch(snaps, [float(x) for x in ms], float(span), wall)
+        return Batch(snaps, [float(x) for x in ms], wall)
 
     def inputs_intact(self, last: Inputs) -> list[str]:
         """Names of the lent inputs the last call changed (they must be read-only to it)."""
@@ -134,13 +132,14 @@ class Session:
         return [n for n in INPUT_NAMES if not bool((bits_view(xp, self.inputs[n]) == bits_view(xp, last[n])).all())]
 
 
-def _split(block, layout) -> dict:
-    """Views of a private output block, as the layout places them."""
-    out, off = {}, 0
-    for name, shape, dt in layout:
-        n = int(np.prod(shape)) * np.dtype(dt).itemsize
-        out[name] = block[off:off + n].view(np.dtype(dt)).reshape(shape)
-        off += -(-n // ALIGN) * ALIGN
+def _split(private, descs: dict, block_offset: int) -> dict:
+    """Views of a private copy of a result block, placed as its descriptors place them."""
+    out = {}
+    for name, d in descs.items():
+        dt = DTYPES[d["dtype"]]
+        off = d["offset"] - block_offset
+        n = int(np.prod(d["shape"])) * dt.itemsize
+        out[name] = private[off:off + n].view(dt).reshape(d["shape"])
     return out
 
 

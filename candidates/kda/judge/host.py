@@ -15,7 +15,7 @@ Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "
           "final_state", "input_block", "output_block"}   setup(data, B, T, H) on lent buffers
   calls  {"session", "buffers", "sets", "results", "flush_bytes"}
          per call: refill the inputs from its set, poison both outputs, flush the cache,
-         time fn(), copy both outputs into its result slot; reply {"ms": [...], "span_ms"}
+         time fn(), copy both outputs into its result slot; reply {"ms": [...]}
   release {"buffers"}                            unmap a batch's buffer (trusted hosts)
   exit
 """
@@ -154,12 +154,12 @@ class Host:
                 s.fn()
                 timer.stop()
                 copy(s.output_block, slot)  # both outputs, one copy
-            ms, span = timer.finish()
+            ms = timer.finish()
         except BaseException as exc:  # noqa: BLE001
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise CandidateError("runtime", f"fn() raised:\n{tail()}") from None
-        return {"ms": ms, "span_ms": span}
+        return {"ms": ms}
 
     def _copier(self):
         """Block copies between two lent buffers. On a GPU they run as a kernel over 32-bit
@@ -198,12 +198,7 @@ class _Timer:
         self.pairs: list = []
         self.cuda = be.device == "cuda"
         if self.cuda:
-            cp = be.xp
-            self.stream = cp.cuda.get_current_stream()
-            self.first = cp.cuda.Event()
-            self.first.record(self.stream)
-        else:
-            self.t0 = time.perf_counter()
+            self.stream = be.xp.cuda.get_current_stream()
 
     def start(self) -> None:
         if self.cuda:
@@ -221,16 +216,11 @@ class _Timer:
         else:
             self.pairs[-1][1] = time.perf_counter()
 
-    def finish(self) -> tuple[list[float], float]:
+    def finish(self) -> list[float]:
         if self.cuda:
-            cp = self.be.xp
-            last = cp.cuda.Event()
-            last.record(self.stream)
-            last.synchronize()
             self.be.sync()
-            ms = [cp.cuda.get_elapsed_time(a, b) for a, b in self.pairs]
-            return ms, cp.cuda.get_elapsed_time(self.first, last)
-        return [(b - a) * 1e3 for a, b in self.pairs], (time.perf_counter() - self.t0) * 1e3
+            return [self.be.xp.cuda.get_elapsed_time(a, b) for a, b in self.pairs]
+        return [(b - a) * 1e3 for a, b in self.pairs]
 
 
 def main(argv: list[str]) -> int:

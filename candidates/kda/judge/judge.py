@@ -265,10 +265,11 @@ class Judge:
             batch = sess.batch(makers, flush_bytes)
         except CandidateError as exc:
             return [{"ok": False, "detail": f"{exc.kind}: {exc.message}", "rms": {}, "error": exc.kind}]
-        out = []
+        out, inputs = [], None
         for snap, make in zip(batch.snapshots, makers):
-            out.append(verify(self.be, self.spec, snap, make(), oracle, loose))
-        changed = sess.inputs_intact(makers[-1]())
+            inputs = make()
+            out.append(verify(self.be, self.spec, snap, inputs, oracle, loose))
+        changed = sess.inputs_intact(inputs)
         if changed:
             out[-1] = dict(out[-1], ok=False, detail=f"the call changed its inputs: {', '.join(changed)}")
         return out
