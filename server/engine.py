@@ -90,7 +90,7 @@ class Engine:
         self.sandbox = self._sandbox_policy()
         self._base_env = self._worker_env()
         self.pool = WorkerPool(self.specs, self._env_for, self.run_root, self.leases, self.sandbox,
-                               Zygote(self._base_env, self.run_root))
+                               Zygote(self._zygote_env(), self.run_root))
         self.target = target_arch(gpu_ids) if self.backend == "gpu" else {}
         self.versions = versions(self.backend == "gpu")
         self.active = 0
@@ -125,6 +125,7 @@ class Engine:
         policy = SandboxPolicy(SandboxMode(c.sandbox), limits, uid_base=c.sandbox_uid,
                                hidden=[h for h in hidden if h])
         if policy.mode is SandboxMode.BWRAP:
+            policy.write_identity(self.run_root, len(self.specs))
             why = policy.probe()
             if why is not None:
                 log_event("sandbox_unavailable", reason=why)
@@ -150,6 +151,14 @@ class Engine:
         # Programs may say how they were isolated (the KDA judge prints it in its report).
         env["KCORAL_SANDBOX"] = self.sandbox.mode.value
         return env
+
+    def _zygote_env(self) -> dict[str, str]:
+        """The zygote imports CuPy and NumPy once for every worker, and some of what they read
+        from the environment is read at import (CuPy's kernel cache folder from $HOME and
+        $CUPY_CACHE_DIR): so it starts with the environment its sandboxed workers will have."""
+        if self.sandbox.mode is SandboxMode.BWRAP:
+            return self.sandbox.sandbox_env(self._base_env)
+        return self._base_env
 
     async def start(self) -> None:
         await self.pool.start()

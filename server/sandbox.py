@@ -99,6 +99,7 @@ class SandboxPolicy:
     hidden: list[str] = field(default_factory=list)  # server paths no request may see
     privileged: bool = field(default_factory=lambda: os.geteuid() == 0)
     bwrap: str = "bwrap"
+    identity: tuple[str, str] | None = None  # (passwd, group) files shown at /etc/passwd and /etc/group
     _ro: list[str] = field(default_factory=list)
     _argv: dict[bool, list[str]] = field(default_factory=dict)
     _path: list[tuple[str, str]] = field(default_factory=list)  # (host dir, sandbox dir) of $PATH
@@ -152,6 +153,32 @@ class SandboxPolicy:
             return self.uid_base + slot
         return None
 
+    def write_identity(self, directory: str, slots: int) -> None:
+        """Name the slots' uids: /etc/passwd and /etc/group as the host has them, plus one
+        entry per slot, written under `directory` and shown over the sandbox's own. Without
+        a name, libraries that look the user up (getpass.getuser(), hence torch and triton's
+        caches) fail with "getpwuid(): uid not found"."""
+        if self.uid_for(0) is None:
+            return
+        files = []
+        for name, line in (("passwd", "kcoral{i}:x:{uid}:{uid}:kcoral request slot {i}:" + HOME + ":/usr/sbin/nologin"),
+                           ("group", "kcoral{i}:x:{uid}:")):
+            try:
+                with open(f"/etc/{name}", encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+            if text and not text.endswith("\n"):
+                text += "\n"
+            text += "".join(line.format(i=i, uid=self.uid_for(i)) + "\n" for i in range(slots))
+            path = os.path.join(directory, name)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(path, 0o644)
+            files.append(path)
+        self.identity = (files[0], files[1])
+        self._argv.clear()
+
     @property
     def uses_userns(self) -> bool:
         return self.mode is SandboxMode.BWRAP and not self.privileged
@@ -204,6 +231,8 @@ class SandboxPolicy:
                 a += ["--ro-bind", p, p]
         for host, inside in tools:
             a += ["--ro-bind", host, inside]
+        if self.identity is not None:
+            a += ["--ro-bind", self.identity[0], "/etc/passwd", "--ro-bind", self.identity[1], "/etc/group"]
         a += ["--proc", "/proc", "--tmpfs", "/dev"]
         for d in _BASIC_DEVICES:
             if _exists(d):

@@ -114,3 +114,42 @@ def test_judge_process_is_not_dumpable_and_reaps_orphans():
     """)
     out = subprocess.run([sys.executable, "-c", code, str(KDA)], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True", "1", "0"], out.stderr
+
+
+def _raw_spec(**changes) -> dict:
+    raw = json.loads((KDA / "forward_cpu_small" / "workload.json").read_text())
+    raw.update(changes)
+    return raw
+
+
+def test_a_workload_names_its_baseline_and_gets_no_other():
+    from judge.spec import SpecError, parse_spec
+
+    assert parse_spec(_raw_spec()).baseline == "reference"
+    unnamed = {k: v for k, v in _raw_spec(device="cuda").items() if k != "baseline"}
+    assert parse_spec(unnamed).baseline == "fla"  # a CUDA workload's default
+    gpu = json.loads((KDA / "forward_b1_t8192_h96" / "workload.json").read_text())
+    assert parse_spec(gpu).baseline == "fla"
+    for bad in ({"baseline": "fla"}, {"baseline": "torch"}):  # fla is a GPU baseline
+        with pytest.raises(SpecError, match="baseline"):
+            parse_spec(_raw_spec(**bad))
+
+
+def test_a_missing_fla_stops_the_bench_instead_of_changing_the_baseline(monkeypatch):
+    # Before: fla failing to load (an unnamed uid broke torch's cache lookup on the H200)
+    # silently swapped in the fp32 reference, and the report said 7.9x instead of ~2.1x.
+    from judge import baseline as bl
+    from judge.harness import CandidateError
+    from judge.spec import parse_spec
+
+    gpu = parse_spec(json.loads((KDA / "forward_b1_t8192_h96" / "workload.json").read_text()))
+
+    def broken(be, spec):
+        raise KeyError("getpwuid(): uid not found: 2000000000")
+
+    monkeypatch.setattr(bl, "FlaBaseline", broken)
+    fake_gpu = make_backend("cpu")
+    fake_gpu.device = "cuda"  # named as such: only the device label is faked, nothing runs on it
+    with pytest.raises(CandidateError) as err:
+        bl.make_baseline(fake_gpu, gpu)
+    assert err.value.kind == "unavailable" and "getpwuid" in err.value.message

@@ -39,6 +39,11 @@ class Timing:
     clock_slack_ms: float
 
 
+# Speedups are only comparable against one baseline, so a workload names its own and a
+# judge that cannot load it stops rather than timing against another.
+BASELINES = ("fla", "reference")
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     name: str
@@ -61,6 +66,7 @@ class WorkloadSpec:
     calls_after_timing: int
     timing: Timing
     chunk: int = 64  # chunk length of the judge's fp32 reference
+    baseline: str = "reference"  # what speedups are against: "fla" (GPU only) or "reference"
     extra: dict = field(default_factory=dict)
 
 
@@ -113,6 +119,9 @@ def parse_spec(raw: dict) -> WorkloadSpec:
         clock_slack_ms=float(td.get("clock_slack_ms", 2.0)),
     )
     checks = _get(raw, "checks", "")
+    baseline = raw.get("baseline", "fla" if device == "cuda" else "reference")
+    if baseline not in BASELINES or (baseline == "fla" and device != "cuda"):
+        raise SpecError(f"workload.json: baseline must be one of {list(BASELINES)} ('fla' on cuda only), got {baseline!r}")
     scale = float(raw.get("scale", 1.0 / math.sqrt(dims["K"])))
     chunk = _positive_int(raw.get("chunk", 64), "chunk")
     if chunk & (chunk - 1):
@@ -133,6 +142,7 @@ def parse_spec(raw: dict) -> WorkloadSpec:
         calls_after_timing=int(_get(checks, "calls_after_timing", "checks.")),
         timing=timing,
         chunk=chunk,
+        baseline=baseline,
         extra={k: v for k, v in raw.items() if k.startswith("x_")},
         **dims,
     )
