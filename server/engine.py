@@ -63,6 +63,14 @@ def error_reply(code: int, kind: str, message: str, request_id: str, retry_after
     return Reply(code, dumps(body), headers=headers)
 
 
+# What this server offers beyond the released KCoral protocol, announced in /health so a
+# client uses each only where it is there (a stock server has no such key): `builtin.*`
+# run targets, CUDA-source module uploads, array dtypes stock lacks (uint16/32/64,
+# complex), server-salted holdout seeds (builtin.holdout_seeds), timeouts up to 3600 s
+# (stock: 900), returning "." as a folder.
+EXTENSIONS = ("builtins", "cuda_source", "extra_dtypes", "holdout_seeds", "max_timeout_3600", "folder_return_dot")
+
+
 class Engine:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -212,6 +220,7 @@ class Engine:
             "workers": self.pool.describe(),
             "blob_cache": {"blobs": len(self.blobs), "bytes": self.blobs.used_bytes, "capacity": self.blobs.capacity},
             "sandbox": self.sandbox.describe(),
+            "extensions": list(EXTENSIONS),
         }
 
     # ------------------------------------------------------------------ drain

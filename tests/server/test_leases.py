@@ -111,6 +111,7 @@ def test_health_reports_lease_depth_time_held_and_workers(vgpu_server) -> None:
     # both programs held the lease for their 0.8 s sleeps, one after the other
     assert 1.6 <= h["gpus"][0]["lease_held_s"] <= h["uptime_seconds"]
     assert h["gpu_count"] == 1 and h["virtual_gpus"] is True
+    assert "builtins" in h["extensions"] and "holdout_seeds" in h["extensions"]
     assert [w["gpu_id"] for w in h["workers"]] == [0, 0, 0]
     assert h["gpus"][0]["lease_depth"] == 0
 
