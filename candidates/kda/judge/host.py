@@ -3,8 +3,8 @@ the judge: `python -m judge.host FD ROLE DEVICE`.
 
 Everything here runs in an untrusted process once a candidate is loaded: the candidate can
 patch any of it. So the host only does work whose result the judge checks for itself:
-it calls `setup` and `fn` on buffers the judge lends, copies each call's outputs into the
-judge's result slots and reports its own call times, which the judge weighs against its
+it copies the inputs the judge lends into its own memory, calls `setup` and `fn` there,
+copies each call's outputs into the judge's result slots and reports its own call times, which the judge weighs against its
 own clock. Roles: `candidate` (a candidate directory) and `trusted` (the baseline and the
 no-op calibration candidate; no candidate code is ever loaded there).
 
@@ -28,10 +28,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .backend import BF16_NAN_BITS, Backend, bits_view, make_backend
 from .channel import Channel, ChannelClosed
 from .harness import CandidateError, load_solution, tail
-from .memory import Mapper
+from .memory import DTYPES, Mapper
 
 PR_SET_NO_NEW_PRIVS = 38
 FILE_LIMIT = 1 << 30  # bytes any file it writes may reach (its log included)
@@ -60,9 +62,26 @@ class _NoOp:
 
 
 class Session:
-    def __init__(self, fn, output, final_state, input_block, output_block) -> None:
+    def __init__(self, fn, output, final_state, input_block, output_block, lent_inputs) -> None:
         self.fn, self.output, self.final_state = fn, output, final_state
-        self.input_block, self.output_block = input_block, output_block  # uint8 views
+        self.input_block, self.output_block = input_block, output_block  # uint8, this process's memory
+        self.lent_inputs = lent_inputs  # uint8 view of the judge's input block
+
+
+class _Relocated:
+    """Views placed by the judge's descriptors, in this process's copies of its blocks
+    (keyed by each block's offset in the lent buffer)."""
+
+    def __init__(self, blocks: dict[int, object]) -> None:
+        self.blocks = sorted(blocks.items())
+
+    def view(self, desc: dict):
+        off = int(desc["offset"])
+        start, block = [b for b in self.blocks if b[0] <= off][-1]
+        dt = DTYPES[desc["dtype"]]
+        shape = tuple(int(x) for x in desc["shape"])
+        n = int(np.prod(shape)) * dt.itemsize
+        return block[off - start:off - start + n].view(dt).reshape(shape)
 
 
 class Host:
@@ -111,13 +130,23 @@ class Host:
     def op_setup(self, msg: dict, fds: list) -> dict:
         self.mapper.add(msg["buffers"], fds)
         view = self.mapper.view
-        inputs = {n: view(d) for n, d in msg["inputs"].items()}
-        output, final_state = view(msg["output"]), view(msg["final_state"])
+        lent_in, lent_out = view(msg["input_block"]), view(msg["output_block"])
+        # The candidate works on memory of this process, never on the lent buffers: on the
+        # H200 a kernel reading CUDA-IPC memory ran up to 10x slower (two_pass's prep kernel
+        # 13.1 ms against 0.73 ms on the same data held locally), which would time the
+        # transport, not the candidate. Lent memory only carries inputs in and outputs out.
+        xp = self.be.xp
+        work_in, work_out = xp.empty_like(lent_in), xp.empty_like(lent_out)
+        work_in[...] = lent_in
+        work_out[...] = lent_out  # poisoned by the judge
+        local = _Relocated({msg["input_block"]["offset"]: work_in, msg["output_block"]["offset"]: work_out})
+        inputs = {n: local.view(d) for n, d in msg["inputs"].items()}
+        output, final_state = local.view(msg["output"]), local.view(msg["final_state"])
         data = dict(inputs, output=output, final_state=final_state, scale=float(msg["scale"]))
         B, T, H = int(msg["B"]), int(msg["T"]), int(msg["H"])
         which = msg.get("which", "baseline")
         try:
-            if which == "baseline_check":  # the baseline writes into the lent outputs this once
+            if which == "baseline_check":  # the baseline writes into our outputs, not only its own tensors
                 fn = self.baseline.setup(data, B, T, H, write_outputs=True)
             else:
                 fn = self._module(which).setup(data, B, T, H)
@@ -128,8 +157,7 @@ class Host:
             raise CandidateError("import", f"setup(data, B={B}, T={T}, H={H}) raised:\n{tail()}") from None
         if not callable(fn):
             raise CandidateError("import", f"setup returned {type(fn).__name__}, not a callable")
-        self.sessions[int(msg["session"])] = Session(fn, output, final_state, view(msg["input_block"]),
-                                                     view(msg["output_block"]))
+        self.sessions[int(msg["session"])] = Session(fn, output, final_state, work_in, work_out, lent_in)
         return {}
 
     def op_calls(self, msg: dict, fds: list) -> dict:
@@ -154,6 +182,7 @@ class Host:
                 s.fn()
                 timer.stop()
                 copy(s.output_block, slot)  # both outputs, one copy
+            copy(s.input_block, s.lent_inputs)  # as the last call left them: the judge checks they are intact
             ms = timer.finish()
         except BaseException as exc:  # noqa: BLE001
             if isinstance(exc, KeyboardInterrupt):
@@ -162,9 +191,9 @@ class Host:
         return {"ms": ms}
 
     def _copier(self):
-        """Block copies between two lent buffers. On a GPU they run as a kernel over 32-bit
-        words: a memcpy between two IPC allocations may take a staged path far slower than
-        the kernels' own loads and stores."""
+        """Block copies between lent buffers and this process's memory. On a GPU they run as
+        a kernel over 32-bit words: a memcpy involving IPC memory may take a staged path far
+        slower than a kernel's own loads and stores."""
         xp = self.be.xp
         if self.be.device != "cuda":
             def copy(src, dst):
