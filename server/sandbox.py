@@ -31,8 +31,9 @@ TMP = f"{ROOT}/tmp"          # /tmp and $TMPDIR
 SHM = f"{ROOT}/shm"          # /dev/shm
 HOME = f"{ROOT}/home"        # $HOME (CUDA's compute cache, tools' dotfiles)
 TOOLS = "/run/kcoral/path"   # server PATH directories that cannot appear at their own path
-CACHE = f"{ROOT}/cache"      # CUPY_CACHE_DIR and the like
-WRITABLE_DIRS = (WORK, TMP, SHM, HOME, CACHE)
+CACHE = f"{ROOT}/cache"      # $XDG_CACHE_HOME
+CUPY_CACHE = f"{CACHE}/cupy"  # $CUPY_CACHE_DIR: CuPy writes there without creating it
+WRITABLE_DIRS = (WORK, TMP, SHM, HOME, CACHE, CUPY_CACHE)
 
 READY = b"ready\n"  # what the sandbox's placeholder command echoes once the sandbox is built
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -141,7 +142,7 @@ class SandboxPolicy:
         """A sandboxed worker's environment: the worker environment with home, temp and
         cache folders pointed into the request's tmpfs, and $PATH as the sandbox shows it."""
         env = dict(base)
-        env.update(HOME=HOME, TMPDIR=TMP, CUPY_CACHE_DIR=f"{CACHE}/cupy", XDG_CACHE_HOME=CACHE)
+        env.update(HOME=HOME, TMPDIR=TMP, CUPY_CACHE_DIR=CUPY_CACHE, XDG_CACHE_HOME=CACHE)
         if self._path:
             env["PATH"] = os.pathsep.join(dict.fromkeys(inside for _, inside in self._path))
         return env

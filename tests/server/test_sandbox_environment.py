@@ -20,7 +20,7 @@ def main():
     entry = pwd.getpwuid(uid)
     written = []
     for d in (os.path.expanduser("~"), tempfile.gettempdir(), os.environ["CUPY_CACHE_DIR"]):
-        os.makedirs(d, exist_ok=True)
+        # as they are: CuPy writes its kernel cache into $CUPY_CACHE_DIR without creating it
         with tempfile.NamedTemporaryFile(dir=d) as f:
             f.write(b"x")
         written.append(d)
