@@ -31,6 +31,13 @@ DTYPE_ITEMSIZE: dict[str, int] = {
     "complex64": 8, "complex128": 16,
 }
 
+# The dtypes of the released protocol; the rest of DTYPE_ITEMSIZE is our extension, which
+# the server returns only to clients that opt in (released clients cannot decode them).
+RELEASED_DTYPES: frozenset[str] = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8",
+    "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+})
+
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 BUILTIN_RE = re.compile(r"^builtin\.[A-Za-z_][A-Za-z0-9_]*$")
 BLOB_PART_RE = re.compile(r"^blob:([0-9a-f]{64})$")
@@ -159,6 +166,7 @@ class UploadFile(_Strict):
     kind: Literal["file"]
     blob: DigestStr
     path: str
+    id: IdStr | None = None  # released clients from 0.1.1 on name file uploads
 
 
 class UploadLibrary(_Strict):
@@ -205,18 +213,25 @@ _UPLOAD_KINDS: dict[str, type[_Strict]] = {
 }
 
 
+MAX_GPU_COUNT = 8
+
+
 class Options(_Strict):
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
+    gpu_count: int | None = None  # released protocol: GPUs leased together for the program
 
     def clamped(self) -> "Options":
         if self.timeout_seconds <= 0:
             raise WireError("options.timeout_seconds must be positive")
         if self.output_limit_bytes < 0:
             raise WireError("options.output_limit_bytes must not be negative")
+        if self.gpu_count is not None and not 1 <= self.gpu_count <= MAX_GPU_COUNT:
+            raise WireError(f"options.gpu_count must be an integer from 1 to {MAX_GPU_COUNT}")
         return Options(
             timeout_seconds=min(float(self.timeout_seconds), MAX_TIMEOUT_SECONDS),
             output_limit_bytes=min(int(self.output_limit_bytes), MAX_OUTPUT_LIMIT),
+            gpu_count=self.gpu_count,
         )
 
 
