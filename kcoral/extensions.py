@@ -14,6 +14,7 @@ HEADER = "KCoral-Extensions"
 class OptIn(str, Enum):
     EXTRA_DTYPES = "extra_dtypes"  # return uint16/32/64 and complex tensors
     NESTED_REFS = "nested_refs"    # resolve {"$ref"} anywhere inside run args, not only at the top
+    CUPY_TENSORS = "cupy_tensors"  # tensor uploads on a GPU worker arrive as CuPy arrays, not torch
 
 
 def parse_header(value: str | None) -> frozenset[OptIn]:
