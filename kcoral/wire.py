@@ -306,8 +306,12 @@ def iter_refs(index: int, value: Any):
             stack.extend(v)
 
 
-def parse_program(data: bytes | str | dict) -> ProgramSpec:
-    """Strictly parse and check a program; raises WireError with a precise message."""
+def parse_program(data: bytes | str | dict, nested_refs: bool = True) -> ProgramSpec:
+    """Strictly parse and check a program; raises WireError with a precise message.
+
+    `nested_refs`: references inside run args are checked at any depth (our extension);
+    without it only top-level args are references and nested ref-shaped objects are
+    literals, as in the released protocol."""
     raw = loads_strict(data) if isinstance(data, (bytes, str)) else data
     if not isinstance(raw, dict):
         raise WireError("program must be a JSON object")
@@ -328,11 +332,11 @@ def parse_program(data: bytes | str | dict) -> ProgramSpec:
         )
     except ValidationError as exc:
         raise WireError(f"options: {_describe(exc)}") from None
-    _check_semantics(instructions)
+    _check_semantics(instructions, nested_refs)
     return ProgramSpec(instructions=instructions, options=options.clamped())
 
 
-def _check_semantics(instructions: list[Instruction]) -> None:
+def _check_semantics(instructions: list[Instruction], nested_refs: bool = True) -> None:
     kinds: dict[str, str] = {}  # id -> "upload:<kind>" | op
     keys: set[str] = set()
     files: set[str] = set()
@@ -369,8 +373,13 @@ def _check_semantics(instructions: list[Instruction]) -> None:
                 need(i, ins.fn.ref)
             elif not BUILTIN_RE.match(ins.fn):
                 raise WireError(f"instruction {i}: fn must be a reference or 'builtin.<name>'")
-            for ref in iter_refs(i, ins.args):
-                need(i, ref)
+            if nested_refs:
+                for ref in iter_refs(i, ins.args):
+                    need(i, ref)
+            else:
+                for arg in ins.args:
+                    if isinstance(arg, dict) and "$ref" in arg:
+                        need(i, _check_ref_shape(i, arg)["$ref"])
         if isinstance(ins, ReturnValue):
             need(i, ins.value.ref)
         if isinstance(ins, ReturnPath):

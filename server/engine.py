@@ -275,10 +275,11 @@ class Engine:
         rid = log.request_id
         t_start = time.monotonic()
         try:
+            nested = OptIn.NESTED_REFS in opt_ins
             if len(body) > 1 << 20:
-                parsed = await asyncio.to_thread(parse_execute_body, body, content_type)
+                parsed = await asyncio.to_thread(parse_execute_body, body, content_type, nested)
             else:
-                parsed = parse_execute_body(body, content_type)
+                parsed = parse_execute_body(body, content_type, nested)
         except WireError as exc:
             return error_reply(400, "parse", str(exc), rid)
         gpu_count = parsed.program.options.gpu_count
