@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import hashlib
 import os
 import shutil
 import stat
@@ -18,7 +19,7 @@ from typing import Any
 
 from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
 
-from kcoral.extensions import OptIn
+from kcoral.extensions import OptIn, header_value
 
 from .blobs import BlobStore, default_blob_dir, memory_dir
 from .config import ServerConfig
@@ -291,12 +292,13 @@ class Engine:
             return error_reply(400, "parse", "Idempotency-Key must be at most 256 printable characters", rid)
         await self._store_blobs(parsed)
         referenced = parsed.program.blob_digests()
+        binding = _key_binding(parsed.program_hash, opt_ins)
         while True:
             # From here to journal.begin nothing awaits, so two retries cannot both start.
             if key is not None:
                 entry = self.journal.get(key)
                 if entry is not None:
-                    if entry.program_hash != parsed.program_hash:
+                    if entry.program_hash != binding:
                         self.blobs.trim()
                         return error_reply(400, "parse", "Idempotency-Key was already used for a different program", rid)
                     await entry.done.wait()
@@ -319,7 +321,7 @@ class Engine:
                 return error_reply(400, "parse", str(exc), rid)
             self.blobs.pin(referenced)
             if key is not None:
-                self.journal.begin(key, parsed.program_hash)
+                self.journal.begin(key, binding)
             return _Admitted(parsed.program, referenced, key, t_start, opt_ins)
 
     async def _run_admitted(self, adm: "_Admitted", log: RequestLog, keep_busy: bool = False) -> Reply:
@@ -511,6 +513,14 @@ class _Admitted:
     key: str | None
     t_start: float
     opt_ins: frozenset[OptIn]
+
+
+def _key_binding(program_hash: str, opt_ins: frozenset[OptIn]) -> str:
+    """What an Idempotency-Key is bound to: the program and, since they shape the answer,
+    its opt-ins (none: the bare program hash)."""
+    if not opt_ins:
+        return program_hash
+    return hashlib.sha256(f"{program_hash}|{header_value(opt_ins)}".encode()).hexdigest()
 
 
 def _replayed(r: StoredResponse) -> Reply:

@@ -42,21 +42,31 @@ def _module_program(source: str, name: str, args: list[Any] | None = None, cpu_o
     return p
 
 
-def file_upload_ids(c: Client) -> dict[str, Any]:
+def folder_upload(c: Client) -> dict[str, Any]:
+    """upload_folder and upload_file (0.1.1 gives both ids; 0.1.0 neither)."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "sub").mkdir()
         (Path(tmp) / "a.txt").write_bytes(b"alpha")
         (Path(tmp) / "sub" / "b.txt").write_bytes(b"beta")
         p = Program()
         p.upload_folder(tmp, path="data")
-        named = p.upload_file(blob=b"gamma", path="c.txt", id="c_file")
-        mod = p.upload(kind="module", source="def read(path):\n    return open(path).read()\n")
-        p.return_(key="c", value=p.run(fn=p.get_function(module=mod, name="read"), args=[named]))
+        p.upload_file(blob=b"delta", path="d.txt")
         p.return_folder(key="data", path="data")
-        p.return_file(key="named", path=named)
+        p.return_file(key="d", path="d.txt")
         r = c.execute(p, timeout_seconds=60)
+    return {**_outcome(r), "files": sorted(r.results["data"].files) if "data" in r.results else None,
+            "ids": [i.get("id") for i in p.instructions if i["op"] == "upload" and i.get("kind") == "file"],
+            "d": r.results["d"].read_bytes().decode() if "d" in r.results else None}
+
+
+def file_upload_ids(c: Client) -> dict[str, Any]:
+    p = Program()
+    named = p.upload_file(blob=b"gamma", path="c.txt", id="c_file")
+    mod = p.upload(kind="module", source="def read(path):\n    return open(path).read()\n")
+    p.return_(key="c", value=p.run(fn=p.get_function(module=mod, name="read"), args=[named]))
+    p.return_file(key="named", path=named)
+    r = c.execute(p, timeout_seconds=60)
     return {**_outcome(r), "c": r.results.get("c"),
-            "data": sorted(r.results["data"].files) if "data" in r.results else None,
             "named": r.results["named"].read_bytes().decode() if "named" in r.results else None}
 
 
@@ -149,7 +159,7 @@ def stock_builtins(c: Client) -> dict[str, Any]:
 
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     f.__name__: f for f in (
-        file_upload_ids, worker_death, cuda_error_kind, extra_dtype_return, zero_d_array,
+        folder_upload, file_upload_ids, worker_death, cuda_error_kind, extra_dtype_return, zero_d_array,
         nested_ref_literal, gpu_count_option, program_exception_kind, module_error_kinds,
         file_return_error_kind, non_callable_get_function, health_load, request_ids, stock_builtins,
     )

@@ -45,3 +45,20 @@ def test_nested_refs_resolve_only_with_the_opt_in(compat_server: ServerProcess) 
         "$ref": {"type": "string", "value": "upload_0"}}}
     resolved = post_program(compat_server.url, program, blobs, headers={HEADER: OptIn.NESTED_REFS.value})
     assert resolved.status_code == 200 and resolved.headers["content-type"].startswith("multipart/form-data")
+
+
+def test_gpu_count_beyond_one_gpu_per_program_is_refused(compat_server: ServerProcess, cpu_server: ServerProcess) -> None:
+    program = function_program("def main():\n    return 1\n").to_dict({"gpu_count": 2})
+    r = post_program(compat_server.url, program)
+    assert r.status_code == 400 and r.json()["error"]["kind"] == "parse" and "gpu_count" in r.json()["error"]["message"]
+    on_cpu = post_program(cpu_server.url, function_program("def main():\n    return 1\n").to_dict({"gpu_count": 1}))
+    assert on_cpu.status_code == 400 and on_cpu.json()["error"]["kind"] == "parse"
+
+
+def test_an_idempotency_key_is_bound_to_the_opt_ins(compat_server: ServerProcess) -> None:
+    program = function_program("def main():\n    return 1\n").to_dict({"timeout_seconds": 60})
+    first = post_program(compat_server.url, program, headers={"Idempotency-Key": "compat-opt-ins"})
+    assert first.status_code == 200
+    other = post_program(compat_server.url, program,
+                         headers={"Idempotency-Key": "compat-opt-ins", HEADER: OptIn.EXTRA_DTYPES.value})
+    assert other.status_code == 400 and other.json()["error"]["kind"] == "parse"

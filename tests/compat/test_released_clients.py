@@ -27,12 +27,17 @@ def test_the_release_itself_was_imported(seen: dict[str, Any], release: Release)
     assert f"kcoral-{release.value}" in seen["kcoral_file"]
 
 
+def test_1_folder_and_file_uploads(seen: dict[str, Any], release: Release) -> None:
+    r = _completed(seen["folder_upload"])
+    assert r["files"] == ["a.txt", "sub/b.txt"] and r["d"] == "delta"
+    assert all(r["ids"]) if release is Release.V0_1_1 else not any(r["ids"])
+
+
 def test_1_named_file_uploads(seen: dict[str, Any], release: Release) -> None:
     if release is Release.V0_1_0:
         pytest.skip("0.1.0 sends file uploads without an id (upload_file has no id parameter)")
     r = _completed(seen["file_upload_ids"])
     assert r["c"] == "gamma" and r["named"] == "gamma"  # the register holds the file's path
-    assert r["data"] == ["a.txt", "sub/b.txt"]
 
 
 def test_2_a_dead_worker_has_a_string_traceback(seen: dict[str, Any]) -> None:

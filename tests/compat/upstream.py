@@ -29,7 +29,7 @@ class UpstreamUnavailable(RuntimeError):
 
 def install(release: Release, cache_root: Path) -> Path:
     """DIR holding kcoral==release, installed once and reused while its marker exists."""
-    target = cache_root / f"kcoral-{release.value}"
+    target = (cache_root / f"kcoral-{release.value}").resolve()
     marker = target / ".installed"
     if marker.exists():
         return target
