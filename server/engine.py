@@ -17,9 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
-
 from kcoral.extensions import OptIn, header_value
+from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
 
 from .blobs import BlobStore, default_blob_dir, memory_dir
 from .config import ServerConfig
@@ -70,9 +69,10 @@ def error_reply(code: int, kind: str, message: str, request_id: str, retry_after
 # client uses each only where it is there (a stock server has no such key): `builtin.*`
 # run targets, CUDA-source module uploads, array dtypes stock lacks (uint16/32/64,
 # complex), server-salted holdout seeds (builtin.holdout_seeds), timeouts up to 3600 s
-# (stock: 900), returning "." as a folder.
+# (stock: 900), returning "." as a folder, refs nested in run args, CuPy tensor uploads.
+# Those that are opt-ins (kcoral.extensions.OptIn) apply only to requests that name them.
 EXTENSIONS = ("builtins", "cuda_source", "extra_dtypes", "holdout_seeds", "max_timeout_3600", "folder_return_dot",
-              "nested_refs")
+              "nested_refs", "cupy_tensors")
 
 
 class Engine:
@@ -417,7 +417,6 @@ class Engine:
     async def _admit_and_run(self, adm: "_Admitted", log: RequestLog) -> Reply:
         program, referenced = adm.program, adm.referenced
         rid = log.request_id
-
         workers = max(1, len(self.specs))
         if self.pool.queue_length >= self.config.max_queue and not self.pool.has_idle:
             return error_reply(503, "busy", f"queue is full ({self.pool.queue_length} waiting)", rid,

@@ -163,9 +163,9 @@ class Executor:
         program_helpers.install(self.builtins["benchmark"].fn)
         self.holding = False
         self.recycle = False
-        self.bad_blobs: list[str] = []
+        self.bad_blobs: list[str] = []  # blobs found rewritten: the server drops them from its cache
         self.opt_ins: frozenset[OptIn] = frozenset()
-        self.dtypes: frozenset[str] = RELEASED_DTYPES  # blobs found rewritten: the server drops them from its cache
+        self.dtypes: frozenset[str] = RELEASED_DTYPES  # tensor dtypes this request's client decodes
 
     # ------------------------------------------------------------------ parent calls
     def holdout_seeds(self, namespace: str, count: int) -> list[int]:

@@ -62,3 +62,7 @@ def test_an_idempotency_key_is_bound_to_the_opt_ins(compat_server: ServerProcess
     other = post_program(compat_server.url, program,
                          headers={"Idempotency-Key": "compat-opt-ins", HEADER: OptIn.EXTRA_DTYPES.value})
     assert other.status_code == 400 and other.json()["error"]["kind"] == "parse"
+
+
+def test_health_announces_every_opt_in(compat_server: ServerProcess) -> None:
+    assert {o.value for o in OptIn} <= set(compat_server.health()["extensions"])
