@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay
 
+from . import extensions
 from .errors import RemoteError, TransportError
 from .program import Program
 from .values import decode_value
@@ -46,6 +47,8 @@ class Client:
         self.inline_blob_limit = inline_blob_limit
         self.verify_digests = verify_digests
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        # Our extensions that change the answers' shapes; a stock server ignores the header.
+        headers[extensions.HEADER] = extensions.header_value(set(extensions.OptIn))
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(30.0))
 
     # ------------------------------------------------------------------ lifecycle

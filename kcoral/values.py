@@ -42,15 +42,20 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def tensor_payload(array: np.ndarray) -> tuple[str, list[int], memoryview]:
+ALL_DTYPES: frozenset[str] = frozenset(DTYPE_ITEMSIZE)
+
+
+def tensor_payload(array: np.ndarray, dtypes: frozenset[str] = ALL_DTYPES) -> tuple[str, list[int], memoryview]:
     """(dtype name, shape, little-endian C-order bytes) of an array, copying only if needed."""
     name = str(array.dtype)
-    if name not in DTYPE_ITEMSIZE:
-        raise SerializationError(f"tensor dtype {name} is not supported")
+    if name not in dtypes:
+        raise SerializationError(f"cannot return tensor dtype {name!r}")
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
-    return name, list(array.shape), memoryview(array.reshape(-1).view(np.uint8))
+    shape = list(array.shape)  # np.ascontiguousarray would turn a 0-d array into shape [1]
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
+    return name, shape, memoryview(array.reshape(-1).view(np.uint8))
 
 
 class PartSink:
@@ -73,11 +78,27 @@ def _host_array(value: Any) -> np.ndarray | None:
     # CuPy (or any device array with a .get() to host) without importing it here.
     if hasattr(value, "__cuda_array_interface__") and hasattr(value, "get"):
         return np.asarray(value.get())
+    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
+        return _torch_to_host(value)
     return None
 
 
-def encode_value(value: Any, sink: PartSink, _depth: int = 0) -> dict[str, Any]:
-    """Encode a Python value into a typed node, adding binary payloads to `sink`."""
+def _torch_to_host(tensor: Any) -> np.ndarray:
+    """A torch tensor (any device) as a NumPy array; types NumPy lacks go through ml_dtypes."""
+    host = tensor.detach().cpu().contiguous()
+    name = str(host.dtype).removeprefix("torch.")
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        import torch
+
+        return host.view(torch.uint8).numpy().view(numpy_dtype(name)).reshape(tuple(host.shape))
+    return host.numpy()
+
+
+def encode_value(value: Any, sink: PartSink, _depth: int = 0,
+                 dtypes: frozenset[str] = ALL_DTYPES) -> dict[str, Any]:
+    """Encode a Python value into a typed node, adding binary payloads to `sink`.
+
+    `dtypes`: the tensor dtypes the receiving client can decode."""
     if _depth > 100:
         raise SerializationError("value nests deeper than 100 levels")
     if value is None:
@@ -102,21 +123,21 @@ def encode_value(value: Any, sink: PartSink, _depth: int = 0) -> dict[str, Any]:
     if isinstance(value, FolderValue):
         files = {}
         for path in sorted(value.files):
-            files[path] = encode_value(FileValue(value.files[path]), sink, _depth + 1)
+            files[path] = encode_value(FileValue(value.files[path]), sink, _depth + 1, dtypes)
         return {"type": "folder", "files": files, "directories": sorted(value.directories)}
     array = _host_array(value)
     if array is not None:
-        dtype, shape, data = tensor_payload(array)
+        dtype, shape, data = tensor_payload(array, dtypes)
         part, digest = sink.add(data)
         return {"type": "tensor", "dtype": dtype, "shape": shape, "part": part, "sha256": digest}
     if isinstance(value, (list, tuple)):
-        return {"type": "array", "value": [encode_value(v, sink, _depth + 1) for v in value]}
+        return {"type": "array", "value": [encode_value(v, sink, _depth + 1, dtypes) for v in value]}
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise SerializationError(f"object key {k!r} is not a string")
-            out[k] = encode_value(v, sink, _depth + 1)
+            out[k] = encode_value(v, sink, _depth + 1, dtypes)
         return {"type": "object", "value": out}
     raise SerializationError(f"cannot return a value of type {type(value).__module__}.{type(value).__qualname__}")
 

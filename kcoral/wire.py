@@ -31,6 +31,13 @@ DTYPE_ITEMSIZE: dict[str, int] = {
     "complex64": 8, "complex128": 16,
 }
 
+# The dtypes of the released protocol; the rest of DTYPE_ITEMSIZE is our extension, which
+# the server returns only to clients that opt in (released clients cannot decode them).
+RELEASED_DTYPES: frozenset[str] = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8",
+    "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+})
+
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 BUILTIN_RE = re.compile(r"^builtin\.[A-Za-z_][A-Za-z0-9_]*$")
 BLOB_PART_RE = re.compile(r"^blob:([0-9a-f]{64})$")
@@ -159,6 +166,7 @@ class UploadFile(_Strict):
     kind: Literal["file"]
     blob: DigestStr
     path: str
+    id: IdStr | None = None  # released clients from 0.1.1 on name file uploads
 
 
 class UploadLibrary(_Strict):
@@ -205,18 +213,25 @@ _UPLOAD_KINDS: dict[str, type[_Strict]] = {
 }
 
 
+MAX_GPU_COUNT = 8
+
+
 class Options(_Strict):
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
+    gpu_count: int | None = None  # released protocol: GPUs leased together for the program
 
     def clamped(self) -> "Options":
         if self.timeout_seconds <= 0:
             raise WireError("options.timeout_seconds must be positive")
         if self.output_limit_bytes < 0:
             raise WireError("options.output_limit_bytes must not be negative")
+        if self.gpu_count is not None and not 1 <= self.gpu_count <= MAX_GPU_COUNT:
+            raise WireError(f"options.gpu_count must be an integer from 1 to {MAX_GPU_COUNT}")
         return Options(
             timeout_seconds=min(float(self.timeout_seconds), MAX_TIMEOUT_SECONDS),
             output_limit_bytes=min(int(self.output_limit_bytes), MAX_OUTPUT_LIMIT),
+            gpu_count=self.gpu_count,
         )
 
 
@@ -291,8 +306,12 @@ def iter_refs(index: int, value: Any):
             stack.extend(v)
 
 
-def parse_program(data: bytes | str | dict) -> ProgramSpec:
-    """Strictly parse and check a program; raises WireError with a precise message."""
+def parse_program(data: bytes | str | dict, nested_refs: bool = True) -> ProgramSpec:
+    """Strictly parse and check a program; raises WireError with a precise message.
+
+    `nested_refs`: references inside run args are checked at any depth (our extension);
+    without it only top-level args are references and nested ref-shaped objects are
+    literals, as in the released protocol."""
     raw = loads_strict(data) if isinstance(data, (bytes, str)) else data
     if not isinstance(raw, dict):
         raise WireError("program must be a JSON object")
@@ -313,11 +332,11 @@ def parse_program(data: bytes | str | dict) -> ProgramSpec:
         )
     except ValidationError as exc:
         raise WireError(f"options: {_describe(exc)}") from None
-    _check_semantics(instructions)
+    _check_semantics(instructions, nested_refs)
     return ProgramSpec(instructions=instructions, options=options.clamped())
 
 
-def _check_semantics(instructions: list[Instruction]) -> None:
+def _check_semantics(instructions: list[Instruction], nested_refs: bool = True) -> None:
     kinds: dict[str, str] = {}  # id -> "upload:<kind>" | op
     keys: set[str] = set()
     files: set[str] = set()
@@ -354,8 +373,13 @@ def _check_semantics(instructions: list[Instruction]) -> None:
                 need(i, ins.fn.ref)
             elif not BUILTIN_RE.match(ins.fn):
                 raise WireError(f"instruction {i}: fn must be a reference or 'builtin.<name>'")
-            for ref in iter_refs(i, ins.args):
-                need(i, ref)
+            if nested_refs:
+                for ref in iter_refs(i, ins.args):
+                    need(i, ref)
+            else:
+                for arg in ins.args:
+                    if isinstance(arg, dict) and "$ref" in arg:
+                        need(i, _check_ref_shape(i, arg)["$ref"])
         if isinstance(ins, ReturnValue):
             need(i, ins.value.ref)
         if isinstance(ins, ReturnPath):

@@ -12,6 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from kcoral.extensions import HEADER, parse_header
+
 from .auth import BearerAuth
 from .engine import Engine, Reply, RequestLog, error_reply
 from .reqlog import log_event, log_request
@@ -35,6 +37,19 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _request_id(request: Request) -> str:
+    """The client's `X-Request-ID` when it is one canonical UUID (as released servers adopt
+    it), else a new one; anything else could smuggle arbitrary text into logs."""
+    values = request.headers.getlist("x-request-id")
+    if len(values) == 1:
+        try:
+            if str(uuid.UUID(values[0])) == values[0]:
+                return values[0]
+        except ValueError:
+            pass
+    return str(uuid.uuid4())
+
+
 def _client(request: Request) -> str:
     return f"{request.client.host}:{request.client.port}" if request.client else "-"
 
@@ -50,7 +65,7 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
 
     async def execute(request: Request) -> Response:
         t0 = time.monotonic()
-        rid = uuid.uuid4().hex
+        rid = _request_id(request)
         log = RequestLog(rid, _client(request))
         try:
             if not auth.allows(request.headers.get("authorization")):
@@ -63,7 +78,8 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
                                         f"request exceeds {engine.config.max_request_bytes} bytes", rid)
                 else:
                     reply = await engine.execute(body, request.headers.get("content-type"),
-                                                 request.headers.get("idempotency-key"), log)
+                                                 request.headers.get("idempotency-key"), log,
+                                                 parse_header(request.headers.get(HEADER)))
         except Exception as exc:  # noqa: BLE001 - an engine bug answers 500, never a dropped connection
             log.fields["exception"] = traceback.format_exc()[-2000:]
             reply = error_reply(500, "engine", f"{type(exc).__name__}: {exc}", rid)
@@ -76,7 +92,7 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
         return _response(reply)
 
     async def submit_job(request: Request) -> Response:
-        rid = uuid.uuid4().hex
+        rid = _request_id(request)
         log = RequestLog(rid, _client(request))
         t0 = time.monotonic()
         if not auth.allows(request.headers.get("authorization")):
@@ -88,7 +104,8 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
                 reply = error_reply(413, "request_too_large", f"request exceeds {engine.config.max_request_bytes} bytes", rid)
             else:
                 try:
-                    reply = await engine.submit_job(body, request.headers.get("content-type"), log)
+                    reply = await engine.submit_job(body, request.headers.get("content-type"), log,
+                                                    parse_header(request.headers.get(HEADER)))
                 except Exception as exc:  # noqa: BLE001
                     log.fields["exception"] = traceback.format_exc()[-2000:]
                     reply = error_reply(500, "engine", f"{type(exc).__name__}: {exc}", rid)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import hashlib
 import os
 import shutil
 import stat
@@ -16,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kcoral.extensions import OptIn, header_value
 from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
 
 from .blobs import BlobStore, default_blob_dir, memory_dir
@@ -67,8 +69,10 @@ def error_reply(code: int, kind: str, message: str, request_id: str, retry_after
 # client uses each only where it is there (a stock server has no such key): `builtin.*`
 # run targets, CUDA-source module uploads, array dtypes stock lacks (uint16/32/64,
 # complex), server-salted holdout seeds (builtin.holdout_seeds), timeouts up to 3600 s
-# (stock: 900), returning "." as a folder.
-EXTENSIONS = ("builtins", "cuda_source", "extra_dtypes", "holdout_seeds", "max_timeout_3600", "folder_return_dot")
+# (stock: 900), returning "." as a folder, refs nested in run args, CuPy tensor uploads.
+# Those that are opt-ins (kcoral.extensions.OptIn) apply only to requests that name them.
+EXTENSIONS = ("builtins", "cuda_source", "extra_dtypes", "holdout_seeds", "max_timeout_3600", "folder_return_dot",
+              "nested_refs", "cupy_tensors")
 
 
 class Engine:
@@ -209,6 +213,11 @@ class Engine:
             "uptime_seconds": round(time.time() - self.started_wall, 3),
             "active_requests": self.active,
             "queue_length": self.pool.queue_length,
+            "load": {  # the released protocol's view of the same numbers
+                "request_capacity": len(self.specs),
+                "requests_in_progress": max(0, self.active - self.pool.queue_length),
+                "requests_waiting": self.pool.queue_length,
+            },
             "gpu_count": len(self.gpu_ids),
             "virtual_gpus": self.backend == "virtual",
             "target": self.target,
@@ -234,13 +243,14 @@ class Engine:
             log_event("drain_timeout", active_requests=self.active)
 
     # ------------------------------------------------------------------ execute
-    async def execute(self, body: bytes, content_type: str | None, idem_key: str | None, log: RequestLog) -> Reply:
+    async def execute(self, body: bytes, content_type: str | None, idem_key: str | None, log: RequestLog,
+                      opt_ins: frozenset[OptIn] = frozenset()) -> Reply:
         rid = log.request_id
         if self.draining:
             return error_reply(503, "busy", "server is draining", rid, retry_after=5)
         self._enter()
         try:
-            return await self._execute(body, content_type, idem_key, log)
+            return await self._execute(body, content_type, idem_key, log, opt_ins)
         finally:
             self._leave()
 
@@ -253,34 +263,42 @@ class Engine:
         if self.active == 0:
             self._idle.set()
 
-    async def _execute(self, body: bytes, content_type: str | None, key: str | None, log: RequestLog) -> Reply:
-        admitted = await self._prepare(body, content_type, key, log)
+    async def _execute(self, body: bytes, content_type: str | None, key: str | None, log: RequestLog,
+                       opt_ins: frozenset[OptIn]) -> Reply:
+        admitted = await self._prepare(body, content_type, key, log, opt_ins)
         if isinstance(admitted, Reply):
             return admitted
         return await self._run_admitted(admitted, log)
 
     async def _prepare(self, body: bytes, content_type: str | None, key: str | None,
-                       log: RequestLog) -> "Reply | _Admitted":
+                       log: RequestLog, opt_ins: frozenset[OptIn]) -> "Reply | _Admitted":
         """Parse, cache blobs, answer replays and CACHE_MISS; else pin blobs and claim the key."""
         rid = log.request_id
         t_start = time.monotonic()
         try:
+            nested = OptIn.NESTED_REFS in opt_ins
             if len(body) > 1 << 20:
-                parsed = await asyncio.to_thread(parse_execute_body, body, content_type)
+                parsed = await asyncio.to_thread(parse_execute_body, body, content_type, nested)
             else:
-                parsed = parse_execute_body(body, content_type)
+                parsed = parse_execute_body(body, content_type, nested)
         except WireError as exc:
             return error_reply(400, "parse", str(exc), rid)
+        gpu_count = parsed.program.options.gpu_count
+        if gpu_count is not None and gpu_count > min(1, len(self.gpu_ids)):
+            # Each worker leases one GPU; the released server refuses a CPU server's the same way.
+            return error_reply(400, "parse", f"gpu_count {gpu_count} exceeds this server's capacity "
+                               f"of {min(1, len(self.gpu_ids))} GPU per program", rid)
         if key is not None and (len(key) > 256 or not key.isprintable()):
             return error_reply(400, "parse", "Idempotency-Key must be at most 256 printable characters", rid)
         await self._store_blobs(parsed)
         referenced = parsed.program.blob_digests()
+        binding = _key_binding(parsed.program_hash, opt_ins)
         while True:
             # From here to journal.begin nothing awaits, so two retries cannot both start.
             if key is not None:
                 entry = self.journal.get(key)
                 if entry is not None:
-                    if entry.program_hash != parsed.program_hash:
+                    if entry.program_hash != binding:
                         self.blobs.trim()
                         return error_reply(400, "parse", "Idempotency-Key was already used for a different program", rid)
                     await entry.done.wait()
@@ -303,8 +321,8 @@ class Engine:
                 return error_reply(400, "parse", str(exc), rid)
             self.blobs.pin(referenced)
             if key is not None:
-                self.journal.begin(key, parsed.program_hash)
-            return _Admitted(parsed.program, referenced, key, t_start)
+                self.journal.begin(key, binding)
+            return _Admitted(parsed.program, referenced, key, t_start, opt_ins)
 
     async def _run_admitted(self, adm: "_Admitted", log: RequestLog, keep_busy: bool = False) -> Reply:
         """Run an admitted program and record its answer under its key (if any).
@@ -314,7 +332,7 @@ class Engine:
         """
         key = adm.key
         try:
-            reply = await self._admit_and_run(adm.program, adm.referenced, log, adm.t_start)
+            reply = await self._admit_and_run(adm, log)
         except BaseException:
             if key is not None:
                 self.journal.abandon(key)
@@ -330,7 +348,8 @@ class Engine:
         return reply
 
     # ------------------------------------------------------------------ jobs
-    async def submit_job(self, body: bytes, content_type: str | None, log: RequestLog) -> Reply:
+    async def submit_job(self, body: bytes, content_type: str | None, log: RequestLog,
+                         opt_ins: frozenset[OptIn] = frozenset()) -> Reply:
         """POST /jobs: admit like /execute, answer 202 with a job id at once, run in the background."""
         rid = log.request_id
         if self.draining:
@@ -338,7 +357,7 @@ class Engine:
         job_id = uuid.uuid4().hex
         self._enter()
         try:
-            admitted = await self._prepare(body, content_type, f"job:{job_id}", log)
+            admitted = await self._prepare(body, content_type, f"job:{job_id}", log, opt_ins)
         except BaseException:
             self._leave()
             raise
@@ -353,7 +372,7 @@ class Engine:
                      headers={"Location": f"/jobs/{job_id}"})
 
     async def _run_job(self, admitted: "_Admitted", job_id: str, client: str) -> None:
-        log = RequestLog(uuid.uuid4().hex, client, {"job_id": job_id})
+        log = RequestLog(str(uuid.uuid4()), client, {"job_id": job_id})
         t0 = time.monotonic()
         try:
             reply = await self._run_admitted(admitted, log, keep_busy=True)
@@ -395,7 +414,8 @@ class Engine:
             if isinstance(ins, UploadTensor) and ins.blob not in parsed.blobs:
                 check_tensor_size(i, ins, self.blobs.size(ins.blob))
 
-    async def _admit_and_run(self, program: ProgramSpec, referenced: list[str], log: RequestLog, t_start: float) -> Reply:
+    async def _admit_and_run(self, adm: "_Admitted", log: RequestLog) -> Reply:
+        program, referenced = adm.program, adm.referenced
         rid = log.request_id
         workers = max(1, len(self.specs))
         if self.pool.queue_length >= self.config.max_queue and not self.pool.has_idle:
@@ -415,7 +435,7 @@ class Engine:
         job = {
             "t": "exec", "request_id": rid, "workspace": worker.workdir, "output_limit": limit,
             "instructions": [ins.model_dump(by_alias=True) for ins in program.instructions],
-            "blobs": unique,
+            "blobs": unique, "opt_ins": sorted(o.value for o in adm.opt_ins),
         }
         run: WorkerRun | None = None
         fds: list[int] = []
@@ -460,10 +480,12 @@ class Engine:
         if run.crashed is not None:
             status = "FAILED"
             error = {"kind": "runtime", "message": run.crashed, "instruction_index": run.index,
-                     "instruction_op": ins_info[0], "instruction_id": ins_info[1], "traceback": None}
+                     "instruction_op": ins_info[0], "instruction_id": ins_info[1], "traceback": ""}
         result: dict[str, Any] = {"status": status, "request_id": rid, **common, **timings,
                                   "results": {k: node for k, node in run.returns},
                                   "stdout": out, "stderr": err, "stdout_truncated": out_trunc, "stderr_truncated": err_trunc}
+        if program.options.gpu_count is not None:
+            result["gpu_ids"], result["gpu_count"] = [worker.gpu_id], 1  # released: reported together
         if status == "FAILED":
             result["error"] = error or {"kind": "engine", "message": "worker reported failure without details"}
         log.fields["status"] = status
@@ -489,6 +511,15 @@ class _Admitted:
     referenced: list[str]
     key: str | None
     t_start: float
+    opt_ins: frozenset[OptIn]
+
+
+def _key_binding(program_hash: str, opt_ins: frozenset[OptIn]) -> str:
+    """What an Idempotency-Key is bound to: the program and, since they shape the answer,
+    its opt-ins (none: the bare program hash)."""
+    if not opt_ins:
+        return program_hash
+    return hashlib.sha256(f"{program_hash}|{header_value(opt_ins)}".encode()).hexdigest()
 
 
 def _replayed(r: StoredResponse) -> Reply:

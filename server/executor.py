@@ -17,13 +17,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kcoral.values import PartSink, SerializationError, encode_value, numpy_dtype
-from kcoral.wire import TRACEBACK_LIMIT
+from kcoral import builtins as program_helpers
+from kcoral.extensions import OptIn
+from kcoral.values import ALL_DTYPES, PartSink, SerializationError, encode_value, numpy_dtype
+from kcoral.wire import RELEASED_DTYPES, TRACEBACK_LIMIT, normalize_path
 
 from . import builtins as builtin_registry
 from .builtins import CudaSource
 from .channel import FDS_PER_MESSAGE, SyncChannel
-from .failures import GpuAccessFailure, ProgramFailure, Unavailable
+from .failures import ErrorKind, ParseFailure, ProgramFailure, SerializationFailure, Unavailable
 from .workspace import BlobCorrupted, BlobRef, WorkspaceError, read_blob, read_file, read_folder, write_file_from
 
 
@@ -90,15 +92,49 @@ def _kill_children(rounds: int = 100) -> None:
                 pass
 
 
-def _error_kind(exc: BaseException) -> str:
+def _is_cuda_error(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return name in ("CUDARuntimeError", "CUDADriverError", "CUDAError", "CuDNNError", "AcceleratorError") \
+        or "cudaError" in str(exc)[:200] or "CUDA error" in str(exc)[:200]
+
+
+def _error_kind(exc: BaseException) -> ErrorKind:
+    """The released protocol's kind: an exception of program code is `engine`; CUDA faults
+    are `runtime` (`gpu_access` means a cpu_only function touched the GPU)."""
     if isinstance(exc, ProgramFailure):
         return exc.kind
+    if isinstance(exc, program_helpers.ExecutionError):
+        try:
+            return ErrorKind(exc.kind)
+        except ValueError:
+            return ErrorKind.RUNTIME
     if isinstance(exc, SerializationError):
-        return "serialization"
-    name = type(exc).__name__
-    if name in ("CUDARuntimeError", "CUDADriverError", "CUDAError", "CuDNNError") or "cudaError" in str(exc)[:200]:
-        return "gpu_access"
-    return "runtime"
+        return ErrorKind.SERIALIZATION
+    if isinstance(exc, WorkspaceError):
+        return ErrorKind.RUNTIME
+    if _is_cuda_error(exc):
+        return ErrorKind.RUNTIME
+    return ErrorKind.ENGINE
+
+
+def _torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def _torch_cuda_tensor(data: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    if len(data) == 0:
+        return torch.empty(shape, dtype=torch_dtype, device="cuda")
+    host = torch.frombuffer(data, dtype=torch.uint8).view(torch_dtype).reshape(shape)
+    return host.to("cuda")
+
+
+def _is_ref(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and "$ref" in value
 
 
 def receive_blob_fds(sock: socket.socket, digests: list[str], verify: bool) -> dict[str, BlobRef]:
@@ -123,9 +159,13 @@ class Executor:
         self.backend = backend  # "cpu" | "virtual" | "gpu"
         self.uses_lease = backend in ("gpu", "virtual")
         self.builtins = builtin_registry.load("gpu" if backend == "gpu" else "cpu", self)
+        # `kcoral.builtins.benchmark` (the released helper) times with our builtin.
+        program_helpers.install(self.builtins["benchmark"].fn)
         self.holding = False
         self.recycle = False
         self.bad_blobs: list[str] = []  # blobs found rewritten: the server drops them from its cache
+        self.opt_ins: frozenset[OptIn] = frozenset()
+        self.dtypes: frozenset[str] = RELEASED_DTYPES  # tensor dtypes this request's client decodes
 
     # ------------------------------------------------------------------ parent calls
     def holdout_seeds(self, namespace: str, count: int) -> list[int]:
@@ -140,7 +180,7 @@ class Executor:
             self.chan.send({"t": "lease"})
             reply, _ = self.chan.recv()
             if reply.get("t") != "lease_ok":
-                raise GpuAccessFailure(str(reply.get("message", "GPU lease refused")))
+                raise ProgramFailure(str(reply.get("message", "GPU lease refused")))
             self.holding = True
 
     def _release(self) -> None:
@@ -154,6 +194,8 @@ class Executor:
         worker exits afterwards (processes it left are killed with its sandbox)."""
         work = job["workspace"]
         self.holding = False
+        self.opt_ins = frozenset(OptIn(o) for o in job.get("opt_ins", ()))
+        self.dtypes = ALL_DTYPES if OptIn.EXTRA_DTYPES in self.opt_ins else RELEASED_DTYPES
         digests: list[str] = job["blobs"]
         blobs = receive_blob_fds(self.fd_sock, digests, self.verify_blobs) if digests and self.fd_sock else {}
         if job["output_limit"] <= 0:
@@ -186,14 +228,15 @@ class Executor:
                 kind = _error_kind(exc)
                 if isinstance(exc, BlobCorrupted) and exc.digest:
                     self.bad_blobs.append(exc.digest)
-                if kind == "gpu_access":
+                if _is_cuda_error(exc):
                     self.recycle = True  # a CUDA error can leave the context unusable
                 tb = traceback.format_exc()
                 if len(tb) > TRACEBACK_LIMIT:
                     tb = "...\n" + tb[-(TRACEBACK_LIMIT - 4):]
-                message = str(exc) if isinstance(exc, (ProgramFailure, SerializationError, WorkspaceError)) else f"{type(exc).__name__}: {exc}"
+                known = (ProgramFailure, SerializationError, WorkspaceError, program_helpers.ExecutionError)
+                message = str(exc) if isinstance(exc, known) else f"{type(exc).__name__}: {exc}"
                 return "FAILED", {
-                    "kind": kind, "message": message[:4096], "instruction_index": index,
+                    "kind": kind.value, "message": message[:4096], "instruction_index": index,
                     "instruction_op": ins.get("op"), "instruction_id": ins.get("id"), "traceback": tb,
                 }
         return "COMPLETED", None
@@ -205,15 +248,13 @@ class Executor:
         elif op == "get_function":
             module = regs[ins["module"]["$ref"]]
             if isinstance(module, CudaSource):
-                raise TypeError("a CUDA module has no Python functions; compile it with builtin.compile_cuda")
+                raise Unavailable("a CUDA module has no Python functions; compile it with builtin.compile_cuda")
             if not isinstance(module, types.ModuleType):
-                raise TypeError("get_function needs a Python module upload")
+                raise Unavailable("get_function needs a Python module upload")
             if not hasattr(module, ins["name"]):
-                raise AttributeError(f"module has no attribute {ins['name']!r}")
-            fn = getattr(module, ins["name"])
-            if not callable(fn):
-                raise TypeError(f"{ins['name']!r} is not callable")
-            regs[ins["id"]] = _Function(fn, bool(ins.get("cpu_only", False)))
+                raise ParseFailure(f"the uploaded Python module defines no name {ins['name']!r}")
+            # Any object is accepted (as released servers do); running a non-callable fails.
+            regs[ins["id"]] = _Function(getattr(module, ins["name"]), bool(ins.get("cpu_only", False)))
         elif op == "run":
             regs[ins["id"]] = self._call(ins, regs)
         elif op == "return":
@@ -233,11 +274,12 @@ class Executor:
             try:
                 code = compile(ins["source"], f"<upload {ins['id']}>", "exec")
             except SyntaxError as exc:
-                from .failures import CompileFailure
-
-                raise CompileFailure(f"SyntaxError: {exc}") from None
+                raise ParseFailure(f"SyntaxError: {exc}") from None
             sys.modules[name] = module  # so dataclasses/pickle inside it can find it
-            exec(code, module.__dict__)
+            try:
+                exec(code, module.__dict__)
+            except Exception as exc:  # noqa: BLE001 - a failing module body is `parse`, as released
+                raise ParseFailure(f"{type(exc).__name__}: {exc}") from exc
             regs[ins["id"]] = module
         elif kind == "tensor":
             blob = _LazyBlob("tensor", blobs[ins["blob"]], ins["dtype"], tuple(ins["shape"]))
@@ -248,6 +290,8 @@ class Executor:
             regs[ins["id"]] = _LazyBlob("bytes", blobs[ins["blob"]])
         elif kind == "file":
             write_file_from(work, ins["path"], blobs[ins["blob"]])
+            if ins.get("id") is not None:
+                regs[ins["id"]] = normalize_path(ins["path"])  # a named file upload holds its path
         elif kind == "library":
             raise Unavailable("library uploads are not supported by this server")
 
@@ -256,6 +300,8 @@ class Executor:
             return read_blob(blob.blob)
         assert blob.dtype is not None and blob.shape is not None
         data = read_blob(blob.blob, writable=True)  # programs may write into their tensors
+        if self.backend == "gpu" and OptIn.CUPY_TENSORS not in self.opt_ins and _torch_available():
+            return _torch_cuda_tensor(data, blob.dtype, blob.shape)  # as the released server gives them
         array = np.frombuffer(data, dtype=numpy_dtype(blob.dtype)).reshape(blob.shape)
         if self.backend == "gpu":
             import cupy
@@ -270,6 +316,13 @@ class Executor:
         if isinstance(value, _Function):
             return value.fn
         return value
+
+    def _args(self, args: list[Any], regs: dict[str, Any]) -> list[Any]:
+        """Top-level refs resolve (released protocol); nested ones only with the opt-in,
+        else they stay literal dicts, which released clients rely on."""
+        if OptIn.NESTED_REFS in self.opt_ins:
+            return self._resolve(args, regs)
+        return [self._value(a["$ref"], regs) if _is_ref(a) else a for a in args]
 
     def _resolve(self, value: Any, regs: dict[str, Any]) -> Any:
         if isinstance(value, dict):
@@ -298,8 +351,8 @@ class Executor:
                 self._acquire()
             fn = self._value(fn_spec["$ref"], regs)
             if not callable(fn):
-                raise TypeError(f"{fn_spec['$ref']!r} is not callable")
-        args = self._resolve(ins.get("args", []), regs)
+                raise ProgramFailure(f"handle {fn_spec['$ref']!r} is not callable")
+        args = self._args(ins.get("args", []), regs)
         return fn(*args)
 
     def _return(self, ins: dict[str, Any], regs: dict[str, Any], work: str, sink: PartSink) -> None:
@@ -310,14 +363,14 @@ class Executor:
             if isinstance(path, dict):
                 path = self._value(path["$ref"], regs)
                 if not isinstance(path, str):
-                    raise TypeError("a return path reference must hold a string")
-            if ins["kind"] == "file":
-                value = read_file(work, path)
-            else:
-                value = read_folder(work, path)
+                    raise SerializationFailure("a return path reference must hold a string")
+            try:
+                value = read_file(work, path) if ins["kind"] == "file" else read_folder(work, path)
+            except (WorkspaceError, OSError) as exc:  # released kind for an unreturnable path
+                raise SerializationFailure(f"cannot return {ins['kind']} {path!r}: {exc}") from exc
         start = len(sink.parts)
         try:
-            node = encode_value(value, sink)
+            node = encode_value(value, sink, dtypes=self.dtypes)
         except RecursionError:
             raise SerializationError("value nests too deeply") from None
         attachments = [data for _, data in sink.parts[start:]]

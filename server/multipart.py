@@ -15,7 +15,7 @@ class ParsedRequest:
     blobs: dict[str, memoryview]  # supplied parts, digests verified
 
 
-def parse_execute_body(body: bytes, content_type: str | None) -> ParsedRequest:
+def parse_execute_body(body: bytes, content_type: str | None, nested_refs: bool = False) -> ParsedRequest:
     """Parse and verify an /execute body; raises WireError (HTTP 400 `parse`)."""
     if not content_type:
         raise WireError("missing Content-Type (expected multipart/form-data)")
@@ -41,7 +41,7 @@ def parse_execute_body(body: bytes, content_type: str | None) -> ParsedRequest:
     if program_raw is None:
         raise WireError("missing 'program' part")
     raw = bytes(program_raw)
-    program = parse_program(raw)
+    program = parse_program(raw, nested_refs)
     referenced = set(program.blob_digests())
     for digest, data in blobs.items():
         if digest not in referenced:

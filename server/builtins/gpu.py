@@ -66,6 +66,13 @@ def _kernel_arg(a: Any) -> Any:
         return np.float32(a)
     if isinstance(a, np.ndarray):
         return _cupy().asarray(a)
+    return as_cupy(a)
+
+
+def as_cupy(a: Any) -> Any:
+    """A torch CUDA tensor (what tensor uploads are where torch exists) as a zero-copy CuPy view."""
+    if type(a).__module__.split(".")[0] == "torch" and getattr(a, "is_cuda", False):
+        return _cupy().from_dlpack(a.detach())
     return a
 
 
@@ -147,7 +154,7 @@ def benchmark(fn: Any, args_list: Any = None, opts: Any = None) -> dict[str, Any
 
 def check_close(a: Any, b: Any, opts: Any = None) -> dict[str, Any]:
     rtol, atol = tolerances(opts)
-    return closeness(_cupy(), a, b, rtol, atol)
+    return closeness(_cupy(), as_cupy(a), as_cupy(b), rtol, atol)
 
 
 def assert_close(a: Any, b: Any, opts: Any = None) -> dict[str, Any]:

@@ -155,19 +155,19 @@ def test_returns_before_a_failure_keep_their_results(client: Client) -> None:
     res = client.execute(p, timeout_seconds=30)
     assert res.status == "FAILED"
     assert res.results == {"first": "checkpoint"}
-    assert res.error.kind == "runtime" and "boom" in res.error.message
+    assert res.error.kind == "engine" and "boom" in res.error.message  # program exceptions, as released
     assert res.error.instruction_index == 5 and res.error.instruction_op == "run" and res.error.instruction_id == "run_5"
     assert "ValueError" in res.error.traceback
     with pytest.raises(RemoteError) as info:
         res.raise_for_failure()
-    assert info.value.kind == "runtime"
+    assert info.value.kind == "engine"
 
 
-def test_failure_kinds_compile_serialization_library(client: Client) -> None:
+def test_failure_kinds_parse_serialization_library(client: Client) -> None:
     p = Program()
     p.upload(kind="module", source="def broken(:\n")
     res = client.execute(p, timeout_seconds=30)
-    assert res.error.kind == "compile" and res.error.instruction_index == 0
+    assert res.error.kind == "parse" and res.error.instruction_index == 0
     res = client.execute(function_program("def main():\n    return float('nan')\n"), timeout_seconds=30)
     assert res.error.kind == "serialization"
     res = client.execute(function_program("def main():\n    return object()\n"), timeout_seconds=30)
