@@ -18,8 +18,9 @@ def compat_server() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="session")
-def upstream_cache(request: pytest.FixtureRequest) -> Path:
-    return Path(request.config.cache.mkdir("upstream-kcoral"))
+def upstream_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    return Path(cache.mkdir("upstream-kcoral")) if cache is not None else tmp_path_factory.mktemp("upstream-kcoral")
 
 
 @pytest.fixture(scope="session", params=list(Release), ids=lambda r: r.value)
