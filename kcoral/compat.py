@@ -1,6 +1,8 @@
 """Fitting a program to the server that will run it (see `kcoral.capabilities`).
 
-What can be rewritten is (a file upload's `id`); what a server lacks is refused here,
+What can be rewritten is (a file upload's `id`; a CUDA-source upload compiled by
+`builtin.compile_cuda` becomes a Python module that compiles it with the worker's own
+compiler, `kcoral/runners/cuda_compile.py`); what a server lacks is refused here,
 before anything is sent, with a message that says what to do instead: a stock server
 answers such a program with a bare 400 `parse`.
 """
@@ -31,6 +33,8 @@ def adapt_program(program: dict[str, Any], caps: ServerCapabilities) -> dict[str
     UnsupportedByServer for what no rewrite can carry."""
     out = copy.deepcopy(program)
     who = caps.describe()
+    if not (caps.has(CUDA_SOURCE) and caps.has(BUILTINS)):
+        out["instructions"] = _compile_cuda_in_module(out["instructions"])
     for index, ins in enumerate(out["instructions"]):
         op, kind = ins.get("op"), ins.get("kind")
         if op == "upload" and kind == "file":
@@ -55,6 +59,49 @@ def adapt_program(program: dict[str, Any], caps: ServerCapabilities) -> dict[str
                 raise UnsupportedByServer(f"{who} cannot return the whole workspace ('.'); "
                                           "return a named folder")
     return out
+
+
+def _compile_cuda_in_module(instructions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each CUDA upload that `builtin.compile_cuda` compiles becomes the compiling module;
+    each such run calls that module's `compile_cuda(options)` instead (same ids, so later
+    runs of the kernel are unchanged)."""
+    cuda = {i["id"]: i for i in instructions
+            if i.get("op") == "upload" and i.get("kind") == "module" and i.get("language") == "cuda"}
+    taken = {i["id"] for i in instructions if "id" in i}
+    out: list[dict[str, Any]] = []
+    for ins in instructions:
+        args = ins.get("args") or []
+        target = args[0].get("$ref") if args and _is_ref(args[0]) else None
+        if ins.get("op") != "run" or ins.get("fn") != "builtin.compile_cuda" or target not in cuda:
+            out.append(ins)
+            continue
+        upload = cuda[target]
+        if upload.get("language") == "cuda":
+            upload.pop("language")
+            upload["source"] = cuda_module_source(upload["source"])
+        getter = _fresh_id(f"{target}_compile", taken)
+        out.append({"op": "get_function", "id": getter, "module": {"$ref": target}, "name": "compile_cuda"})
+        out.append({"op": "run", "id": ins["id"], "fn": {"$ref": getter}, "args": args[1:2]})
+    return out
+
+
+def cuda_module_source(cuda_source: str) -> str:
+    from importlib import resources
+
+    text = resources.files("kcoral.runners").joinpath("cuda_compile.py").read_text(encoding="utf-8")
+    marker = 'CUDA_SOURCE = ""  # set by the client'
+    if marker not in text:
+        raise RuntimeError("kcoral/runners/cuda_compile.py lost its CUDA_SOURCE line")
+    return text.replace(marker, f"CUDA_SOURCE = {cuda_source!r}", 1)
+
+
+def _fresh_id(base: str, taken: set[str]) -> str:
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
 
 
 def _check_run(ins: dict[str, Any], caps: ServerCapabilities, who: str) -> None:

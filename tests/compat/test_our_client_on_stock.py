@@ -133,11 +133,22 @@ def test_builtins_refused_before_sending(client: Client) -> None:
     assert sent == []
 
 
-def test_cuda_module_refused_before_sending(client: Client) -> None:
+def test_cuda_source_compiled_in_a_module(client: Client) -> None:
+    """A CUDA upload that builtin.compile_cuda compiles goes out as a Python module that
+    compiles it with the worker's own compiler; a stock CPU worker has none and says so."""
+    sent = _sent_programs(client)
     p = Program()
-    p.upload(kind="module", source="__global__ void k() {}", language="cuda")
+    src = p.upload(kind="module", source='extern "C" __global__ void k(int n) {}', language="cuda")
+    kernel = p.run("builtin.compile_cuda", [src, {"name": "k"}])
+    p.run(kernel, [1, 32, 7])
+    outcome = client.execute(p)
+    assert all("language" not in i and not isinstance(i.get("fn"), str) for i in sent[-1]["instructions"])
+    assert outcome.status == "FAILED" and outcome.error is not None
+    assert "needs CuPy or a CUDA build of torch" in outcome.error.message
+    bare = Program()
+    bare.upload(kind="module", source="__global__ void k() {}", language="cuda")
     with pytest.raises(UnsupportedByServer, match="language='cuda'"):
-        client.execute(p)
+        client.execute(bare)
 
 
 def test_extra_dtypes_refused_released_ones_sent(client: Client) -> None:
