@@ -39,6 +39,10 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
     archive = bench_archive(wl, cand, other)
     # A stock server clamps larger limits to its own ceiling: plan the judge's margin on it.
     timeout = min(float(timeout), server_max_timeout(client))
+    needs_gpu = gpu_missing(client, wl.spec)
+    if needs_gpu:
+        return BenchReport.failure("unavailable", needs_gpu, candidate=_candidate_label(wl.root, cand),
+                                   workload=wl.name)
     server_seeds = holdout_on_server(client)
     options = {
         "timeout_s": max(10.0, timeout - RUNNER_MARGIN_S),
@@ -93,6 +97,17 @@ def holdout_on_server(client: Any) -> bool:
     otherwise the client draws them and the report says `holdout_source: client`."""
     caps = getattr(client, "capabilities", None)
     return True if not callable(caps) else caps().has(HOLDOUT_SEEDS)
+
+
+def gpu_missing(client: Any, spec: dict[str, Any]) -> str:
+    """Why a GPU workload cannot run on a stock CPU server ("" when nothing stops it);
+    our CPU servers answer for themselves."""
+    caps = getattr(client, "capabilities", None)
+    info = caps() if callable(caps) else None
+    if spec.get("device", "cuda") == "cpu" or info is None or info.ours or info.has_gpu is not False:
+        return ""
+    return (f"the workload runs on a GPU (device {spec.get('device', 'cuda')!r}) and this server "
+            f"({info.describe()}) has none; a CPU twin such as forward_cpu_small runs there")
 
 
 def client_seeds(count: int) -> list[int]:

@@ -222,6 +222,13 @@ def test_bench_cpu_twin(stock: StockServer, capsys: pytest.CaptureFixture[str]) 
     assert report["holdout_source"] == "client"  # no server-salted seeds on stock
 
 
+def test_bench_gpu_workload_refused_on_stock_cpu(stock: StockServer, capsys: pytest.CaptureFixture[str]) -> None:
+    gpu_workload = WORKLOAD.parent / "forward_b1_t8192_h96"
+    code = main(["bench", str(gpu_workload), "scratch/reference", "--remote", stock.url])
+    out = capsys.readouterr().out
+    assert code == 125 and "result: FAIL unavailable: the workload runs on a GPU" in out
+
+
 def test_version_names_the_distribution(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         main(["--version"])
