@@ -74,6 +74,12 @@ class ServerCapabilities:
     def has_gpu(self) -> bool | None:
         return None if self.gpu_count is None else self.gpu_count > 0
 
+    @property
+    def stock_cpu(self) -> bool:
+        """A stock server without GPUs: GPU tools and workloads cannot run there (our CPU
+        servers answer such programs for themselves)."""
+        return not self.ours and self.has_gpu is False
+
     def describe(self) -> str:
         if self.ours:
             return "kcoral-server (extensions: " + (", ".join(sorted(self.extensions)) or "none") + ")"
@@ -83,3 +89,9 @@ class ServerCapabilities:
 # Before the first answer, or when /health could not be read: send programs as they are.
 UNKNOWN = ServerCapabilities(ours=True, extensions=frozenset(
     {BUILTINS, CUDA_SOURCE, EXTRA_DTYPES, HOLDOUT_SEEDS, MAX_TIMEOUT_3600, FOLDER_RETURN_DOT}))
+
+
+def capabilities_of(client: Any) -> ServerCapabilities | None:
+    """The client's view of its server, or None for a client that cannot say (a test fake)."""
+    ask = getattr(client, "capabilities", None)
+    return ask() if callable(ask) else None

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .archive import ArchiveError, normalize_member_path, pack_directories
+from .capabilities import capabilities_of
 from .client import Client
 from .errors import RemoteError
 from .ncu import KEY_METRICS, NcuError, NcuMetrics, parse_raw_csv
@@ -125,9 +126,8 @@ def server_max_timeout(client: Any) -> float:
 def require_gpu(client: Any, tool: str) -> None:
     """Refuse a GPU-only tool on a stock CPU server before sending anything (ours answers
     for itself: its CPU workers may still have the tool)."""
-    caps = getattr(client, "capabilities", None)
-    info = caps() if callable(caps) else None
-    if info is not None and not info.ours and info.has_gpu is False:
+    info = capabilities_of(client)
+    if info is not None and info.stock_cpu:
         raise RemoteError("unavailable", f"{tool} needs a GPU, and this server ({info.describe()}) "
                           "has none (gpu_count=0)")
 

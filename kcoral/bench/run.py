@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kcoral.capabilities import HOLDOUT_SEEDS
+from kcoral.capabilities import HOLDOUT_SEEDS, capabilities_of
 from kcoral.errors import RemoteError
 from kcoral.remote import server_max_timeout
 
@@ -95,16 +95,15 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
 def holdout_on_server(client: Any) -> bool:
     """Whether the server draws the holdout seeds from its private salt (our extension);
     otherwise the client draws them and the report says `holdout_source: client`."""
-    caps = getattr(client, "capabilities", None)
-    return True if not callable(caps) else caps().has(HOLDOUT_SEEDS)
+    info = capabilities_of(client)
+    return info is None or info.has(HOLDOUT_SEEDS)
 
 
 def gpu_missing(client: Any, spec: dict[str, Any]) -> str:
     """Why a GPU workload cannot run on a stock CPU server ("" when nothing stops it);
     our CPU servers answer for themselves."""
-    caps = getattr(client, "capabilities", None)
-    info = caps() if callable(caps) else None
-    if spec.get("device", "cuda") == "cpu" or info is None or info.ours or info.has_gpu is not False:
+    info = capabilities_of(client)
+    if spec.get("device", "cuda") == "cpu" or info is None or not info.stock_cpu:
         return ""
     return (f"the workload runs on a GPU (device {spec.get('device', 'cuda')!r}) and this server "
             f"({info.describe()}) has none; a CPU twin such as forward_cpu_small runs there")
