@@ -36,6 +36,11 @@ def _version_tuple(text: str | None) -> tuple[int, ...] | None:
     return tuple(parts) or None
 
 
+def is_stock_health(health: dict[str, Any]) -> bool:
+    """A stock `/health`: no `extensions`, and its load counters in `load`."""
+    return "extensions" not in health and isinstance(health.get("load"), dict)
+
+
 @dataclass(frozen=True)
 class ServerCapabilities:
     """`ours`: the server announced its extensions; otherwise it is treated as stock."""
@@ -52,6 +57,8 @@ class ServerCapabilities:
         gpu_count = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None
         if isinstance(ext, list):
             return cls(ours=True, extensions=frozenset(str(e) for e in ext), gpu_count=gpu_count)
+        if not is_stock_health(health):
+            return UNKNOWN  # e.g. our server's short answer to a client without its token
         return cls(ours=False, gpu_count=gpu_count, stock_version=stock_version)
 
     def has(self, extension: str) -> bool:

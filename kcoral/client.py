@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay
 
-from .capabilities import UNKNOWN, ServerCapabilities
+from .capabilities import UNKNOWN, ServerCapabilities, is_stock_health
 from .compat import adapt_program
 from .errors import RemoteError, TransportError
 from .program import Program
@@ -120,7 +120,7 @@ class Client:
         except RemoteError:  # a /health that is not ours nor stock's: change nothing
             self._capabilities = UNKNOWN
             return UNKNOWN
-        version = None if isinstance(health.get("extensions"), list) else self._stock_version()
+        version = self._stock_version() if is_stock_health(health) else None
         self._capabilities = ServerCapabilities.from_health(health, version)
         return self._capabilities
 

@@ -29,6 +29,8 @@ def test_capabilities_from_health() -> None:
     stock = ServerCapabilities.from_health({"gpu_count": 1, "load": {}}, "0.1.1")
     assert not stock.ours and stock.has_gpu and stock.max_timeout == 900.0
     assert OURS.max_timeout == 3600.0 and UNKNOWN.max_timeout == 3600.0
+    # Our server's short answer to a client without its token says nothing: change nothing.
+    assert ServerCapabilities.from_health({"status": "ok", "instance_id": "x"}) is UNKNOWN
 
 
 @pytest.mark.parametrize("caps,has_id", [(OURS, False), (UNKNOWN, False), (STOCK_010, False), (STOCK_011, True),
