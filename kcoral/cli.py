@@ -33,7 +33,10 @@ EXIT_TOOL_FAILURE = 125  # the server refused or failed the request, or could no
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kcoral.version import version_text
+
     parser = argparse.ArgumentParser(prog="kcoral", description="KCoral client tools")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMANDS.values():
         qualified = f"kcoral.commands.{module_name}"

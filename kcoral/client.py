@@ -9,6 +9,8 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay
 
 from . import extensions
+from .capabilities import UNKNOWN, ServerCapabilities, is_stock_health
+from .compat import adapt_program
 from .errors import RemoteError, TransportError
 from .program import Program
 from .values import decode_value
@@ -50,6 +52,7 @@ class Client:
         # Our extensions that change the answers' shapes; a stock server ignores the header.
         headers[extensions.HEADER] = extensions.header_value(set(extensions.OptIn))
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(30.0))
+        self._capabilities: ServerCapabilities | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -104,6 +107,36 @@ class Client:
     def target(self) -> dict[str, Any]:
         return dict(self.health().get("target") or {})
 
+    def capabilities(self) -> ServerCapabilities:
+        """What the server offers beyond the released protocol; asked once per client.
+        A server that cannot be read is not cached: programs then go out unchanged."""
+        if self._capabilities is not None:
+            return self._capabilities
+        try:
+            health = self.health()
+        except TransportError:
+            return UNKNOWN
+        except RemoteError:  # a /health that is not ours nor stock's: change nothing
+            self._capabilities = UNKNOWN
+            return UNKNOWN
+        version = self._stock_version() if is_stock_health(health) else None
+        self._capabilities = ServerCapabilities.from_health(health, version)
+        return self._capabilities
+
+    def max_timeout(self) -> float:
+        """The largest `timeout_seconds` the server honours (it clamps larger ones)."""
+        return self.capabilities().max_timeout
+
+    def _stock_version(self) -> str | None:
+        # A stock server is a FastAPI app: its version is in the OpenAPI document.
+        try:
+            r = self._http.get(f"{self.url}/openapi.json", timeout=10.0)
+            info = r.json().get("info") or {} if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        version = info.get("version") if isinstance(info, dict) else None
+        return version if isinstance(version, str) else None
+
     def execute(
         self,
         program: Program,
@@ -112,11 +145,16 @@ class Client:
         output_limit_bytes: int | None = None,
         idempotency_key: str | None = None,
     ) -> Outcome:
-        """Run a program; follows the CACHE_MISS protocol and retries transport failures."""
+        """Run a program; follows the CACHE_MISS protocol and retries transport failures.
+        The program is fitted to the server first (`kcoral.compat`): a timeout above the
+        server's ceiling is clamped to it, and what the server lacks raises
+        `UnsupportedByServer` before anything is sent."""
+        caps = self.capabilities()
+        timeout_seconds = min(float(timeout_seconds), caps.max_timeout)
         options: dict[str, Any] = {"timeout_seconds": timeout_seconds}
         if output_limit_bytes is not None:
             options["output_limit_bytes"] = output_limit_bytes
-        program_json = dumps(program.to_dict(options))
+        program_json = dumps(adapt_program(program.to_dict(options), caps))
         key = idempotency_key or str(uuid.uuid4())
         http_timeout = httpx.Timeout(30.0, read=float(timeout_seconds) + HTTP_MARGIN_SECONDS)
         first = [d for d, b in program.blobs.items() if len(b) <= self.inline_blob_limit]

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .archive import ArchiveError, normalize_member_path, pack_directories
+from .capabilities import capabilities_of
 from .client import Client
 from .errors import RemoteError
 from .ncu import KEY_METRICS, NcuError, NcuMetrics, parse_raw_csv
@@ -28,7 +29,7 @@ REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
 # Credentials and evolve's settings (its database above all) never reach a remote app:
 # what the app can read, the candidate it imports can read.
 PRIVATE_ENV_PREFIXES = ("KCORAL_TOKEN", "KCORAL_SERVER_TOKEN", "EVOLVE_")
-MAX_TIMEOUT = 3600.0  # the protocol's ceiling; servers clamp larger values to it
+MAX_TIMEOUT = 3600.0  # our server's ceiling; a server may clamp to less (Client.max_timeout)
 
 
 class ToolInputError(ValueError):
@@ -116,6 +117,21 @@ def check_env(env: Mapping[str, str], token: str | None = None) -> None:
                              "to the server")
 
 
+def server_max_timeout(client: Any) -> float:
+    """The server's timeout ceiling (stock: 900 s); MAX_TIMEOUT for a client that cannot say."""
+    ask = getattr(client, "max_timeout", None)
+    return float(ask()) if callable(ask) else MAX_TIMEOUT
+
+
+def require_gpu(client: Any, tool: str) -> None:
+    """Refuse a GPU-only tool on a stock CPU server before sending anything (ours answers
+    for itself: its CPU workers may still have the tool)."""
+    info = capabilities_of(client)
+    if info is not None and info.stock_cpu:
+        raise RemoteError("unavailable", f"{tool} needs a GPU, and this server ({info.describe()}) "
+                          "has none (gpu_count=0)")
+
+
 def inner_timeout(timeout: float) -> float:
     """The runner's own limit: a little below the program's, so that the runner (not the
     server) stops the app and still returns its output and files."""
@@ -165,8 +181,8 @@ class IketResult(ToolRun):
 def _execute(client: Client, entry: str, sends: Sequence[SendSpec], spec: dict[str, Any],
              timeout: float) -> tuple[dict[str, Any], Outcome]:
     check_env(spec.get("env") or {}, getattr(client, "token", None))
-    # Clamp here too, so the runner's own limit stays below what the server enforces.
-    timeout = min(float(timeout), MAX_TIMEOUT)
+    # Clamp to the server's own ceiling, so the runner's limit stays below what it enforces.
+    timeout = min(float(timeout), server_max_timeout(client))
     spec = dict(spec, timeout=inner_timeout(timeout))
     archive = pack_sends(sends)
     p = Program()
@@ -218,6 +234,7 @@ def run_ncu(client: Client, sends: Sequence[SendSpec], app: Sequence[str],
     for a in ncu_args:
         if a in ("-o", "--export", "-f", "--force-overwrite", "--import") or a.startswith("--export="):
             raise ToolInputError(f"ncu option {a} is managed by the tool (use -o LOCAL.ncu-rep)")
+    require_gpu(client, "kcoral ncu")
     spec = {"app": list(app), "ncu_args": list(ncu_args), "env": dict(env or {}),
             "metrics": list(KEY_METRICS if metrics is None else metrics)}
     result, outcome = _execute(client, "run_ncu", sends, spec, timeout)
@@ -239,6 +256,7 @@ def run_iket(client: Client, sends: Sequence[SendSpec], app: Sequence[str],
     to ``<kernel>.trace.json`` (and, with ``include_raw``, as the raw pair too)."""
     if not app:
         raise ToolInputError("no application to run (give it after --)")
+    require_gpu(client, "kcoral iket")
     spec = {"app": list(app), "env": dict(env or {}), "include_raw": include_raw}
     result, outcome = _execute(client, "run_iket", sends, spec, timeout)
     return _model(IketResult, result, outcome)

@@ -8,7 +8,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kcoral.capabilities import HOLDOUT_SEEDS, capabilities_of
 from kcoral.errors import RemoteError
+from kcoral.remote import server_max_timeout
 
 from .program import bench_program
 from .report import BenchReport, GputestReport
@@ -35,22 +37,30 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
     cand = resolve_candidate(wl, candidate_dir)
     other = resolve_candidate(wl, against) if against is not None else None
     archive = bench_archive(wl, cand, other)
+    # A stock server clamps larger limits to its own ceiling: plan the judge's margin on it.
+    timeout = min(float(timeout), server_max_timeout(client))
+    needs_gpu = gpu_missing(client, wl.spec)
+    if needs_gpu:
+        return BenchReport.failure("unavailable", needs_gpu, candidate=_candidate_label(wl.root, cand),
+                                   workload=wl.name)
+    server_seeds = holdout_on_server(client)
     options = {
-        "timeout_s": max(10.0, float(timeout) - RUNNER_MARGIN_S),
+        "timeout_s": max(10.0, timeout - RUNNER_MARGIN_S),
         "candidate_name": _candidate_label(wl.root, cand),
         "against_name": _candidate_label(wl.root, other) if other is not None else None,
-        "holdout_source": "server",
+        "holdout_source": "server" if server_seeds else "client",
     }
     source = runner_source(wl)
-    program, seeds_reg = bench_program(source, archive, wl.holdout_namespace, wl.holdout_count, options)
+    seeds = None if server_seeds else client_seeds(wl.holdout_count)
+    program, seeds_reg = bench_program(source, archive, wl.holdout_namespace, wl.holdout_count, options, seeds)
     try:
         outcome = client.execute(program, timeout_seconds=timeout)
         if (outcome.status == "FAILED" and outcome.error is not None and seeds_reg is not None
                 and outcome.error.instruction_id == seeds_reg.id and outcome.error.kind == "unavailable"):
-            # A stock server without the holdout builtin: draw seeds here and say so.
+            # A server that announced the builtin but cannot serve it: draw seeds here and say so.
             options["holdout_source"] = "client"
-            seeds = [secrets.randbits(64) for _ in range(wl.holdout_count)]
-            program, _ = bench_program(source, archive, wl.holdout_namespace, wl.holdout_count, options, seeds)
+            program, _ = bench_program(source, archive, wl.holdout_namespace, wl.holdout_count, options,
+                                       client_seeds(wl.holdout_count))
             outcome = client.execute(program, timeout_seconds=timeout)
     except RemoteError as exc:
         kind = "timeout" if exc.kind == "timeout" else "transport"
@@ -80,6 +90,27 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
     if result.get("timed_out") and rep.passed:
         rep = rep.model_copy(update={"passed": False, "failure_kind": "timeout"})
     return rep
+
+
+def holdout_on_server(client: Any) -> bool:
+    """Whether the server draws the holdout seeds from its private salt (our extension);
+    otherwise the client draws them and the report says `holdout_source: client`."""
+    info = capabilities_of(client)
+    return info is None or info.has(HOLDOUT_SEEDS)
+
+
+def gpu_missing(client: Any, spec: dict[str, Any]) -> str:
+    """Why a GPU workload cannot run on a stock CPU server ("" when nothing stops it);
+    our CPU servers answer for themselves."""
+    info = capabilities_of(client)
+    if spec.get("device", "cuda") == "cpu" or info is None or not info.stock_cpu:
+        return ""
+    return (f"the workload runs on a GPU (device {spec.get('device', 'cuda')!r}) and this server "
+            f"({info.describe()}) has none; a CPU twin such as forward_cpu_small runs there")
+
+
+def client_seeds(count: int) -> list[int]:
+    return [secrets.randbits(64) for _ in range(count)]
 
 
 def parse_bad_lines(stdout: str) -> dict[str, float]:

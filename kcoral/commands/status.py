@@ -18,14 +18,22 @@ def register(subparsers: Any) -> None:
 def status_line(health: dict[str, Any]) -> str:
     """``load=N queue=Q gpus=0:d0,1:d1 workers=busy/total ...``; load counts every
     admitted request, waiting ones included."""
-    load = health.get("active_requests", 0)
-    queue = health.get("queue_length", 0)
+    stock = health.get("load")  # a stock server's counters: {requests_in_progress, requests_waiting}
+    if isinstance(stock, dict) and "active_requests" not in health:
+        load = int(stock.get("requests_in_progress", 0)) + int(stock.get("requests_waiting", 0))
+        queue = stock.get("requests_waiting", 0)
+    else:
+        load = health.get("active_requests", 0)
+        queue = health.get("queue_length", 0)
     gpus = health.get("gpus") or []
     leases = ",".join(f"{g.get('gpu_id')}:{g.get('lease_depth', 0)}" for g in gpus) or "none"
     workers = health.get("workers") or []
     busy = sum(1 for w in workers if w.get("status") == "busy")
+    total = len(workers)
+    if isinstance(stock, dict) and not workers:  # stock: capacity stands for its workers
+        busy, total = int(stock.get("requests_in_progress", 0)), int(stock.get("request_capacity", 0))
     parts = [f"load={load}", f"queue={queue}", f"leases={leases}",
-             f"workers={busy}/{len(workers)} busy"]
+             f"workers={busy}/{total} busy"]
     target = health.get("target") or {}
     if target.get("arch"):
         parts.append(f"arch={target['arch']}")
@@ -33,6 +41,8 @@ def status_line(health: dict[str, Any]) -> str:
         parts.append(f"instance={str(health['instance_id'])[:8]}")
     if health.get("uptime_seconds") is not None:
         parts.append(f"uptime={float(health['uptime_seconds']):.0f}s")
+    if isinstance(stock, dict) and not isinstance(health.get("extensions"), list):
+        parts.append("server=stock")  # the released protocol only: no extensions
     return " ".join(parts)
 
 
