@@ -11,6 +11,8 @@ from kcoral import Client, RemoteError
 
 from evolve.config import ConfigError, PromotionConfig, RemoteConfig, RunConfig, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
+from evolve.commands.register import RegisterError, register_candidate
+from evolve.digest import DigestError, source_digest
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
 from evolve.families import FamilyError
 from evolve.loop import server_concurrency
@@ -33,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def find_candidate(pop: Population, key: str) -> Candidate | None:
+    """The candidate with this id, or the one registered at this directory (newest)."""
     if key.isdigit():
         return pop.candidate(int(key))
     path = Path(key)
@@ -41,6 +44,27 @@ def find_candidate(pop: Population, key: str) -> Candidate | None:
         if cand is not None:
             return cand
     return None
+
+
+def current_candidate(pop: Population, key: str, registered: Candidate) -> Candidate:
+    """What a directory holds now: `registered` if unchanged, else the candidate of its
+    present sources (registered as an edit of `registered` when new)."""
+    if key.isdigit():
+        return registered
+    digest = source_digest(Path(key))
+    if digest == registered.digest:
+        return registered
+    same = pop.candidate_by_digest(registered.workload_id, digest)
+    if same is not None:
+        return same
+    workload = pop.workload(registered.workload_id)
+    assert workload is not None
+    cid, _ = register_candidate(pop, Path(key), workload=workload.name, edit_of=registered.id)
+    cand = pop.candidate(cid)
+    assert cand is not None
+    print(f"evolve evaluate: {key} changed since candidate {registered.id}; its sources are now "
+          f"candidate {cid} (an edit of {registered.id})", file=sys.stderr)
+    return cand
 
 
 def main(args: argparse.Namespace) -> int:
@@ -54,6 +78,11 @@ def main(args: argparse.Namespace) -> int:
     if cand is None:
         print(f"evolve evaluate: error: {args.candidate} is not in the population; "
               f"add it with `evolve register PATH` first", file=sys.stderr)
+        return 2
+    try:
+        cand = current_candidate(pop, args.candidate, cand)
+    except (DigestError, RegisterError) as exc:
+        print(f"evolve evaluate: error: {exc}", file=sys.stderr)
         return 2
     workload = pop.workload(cand.workload_id)
     assert workload is not None

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from evolve.digest import verify_sources
 from evolve.pipeline import bench, check, gputest, iket, ncu
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.errors import failure_kind, is_transport_error
@@ -71,7 +72,14 @@ def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | No
     if eid is None:
         return None, None
     started = time.monotonic()
-    result = attempt(ctx, fn or (lambda: STAGE_FUNCTIONS[stage](ctx, cand)))
+    work = fn or (lambda: STAGE_FUNCTIONS[stage](ctx, cand))
+
+    def verified() -> StageResult:
+        # The folder is run as it is on disk: it must still be what was registered.
+        verify_sources(ctx.candidate_dir(cand), cand.digest, candidate_id=cand.id)
+        return work()
+
+    result = attempt(ctx, verified)
     if stage not in LOCAL_STAGES and result.server_instance is None:
         result = result.model_copy(update={"server_instance": ctx.server_instance()})
     result.metrics.setdefault("wall_s", round(time.monotonic() - started, 3))
