@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -192,6 +193,19 @@ class EvaluationModel(Base):
     excessive_sectors: Mapped[int | None] = mapped_column(Integer)
     registers: Mapped[int | None] = mapped_column(Integer)
     spills: Mapped[int | None] = mapped_column(Integer)
+
+
+class EvaluationLogModel(Base):
+    """One evaluation's output: stdout, stderr and traceback, each bounded and
+    zlib-compressed (`evolve.db.logs`); kept apart so listing evaluations never loads them."""
+
+    __tablename__ = "evaluation_logs"
+
+    evaluation_id: Mapped[int] = mapped_column(
+        ForeignKey("evaluations.id", ondelete="CASCADE"), primary_key=True)
+    stdout: Mapped[bytes | None] = mapped_column(LargeBinary)
+    stderr: Mapped[bytes | None] = mapped_column(LargeBinary)
+    traceback: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class PromotionConfirmationModel(Base):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from evolve.digest import verify_sources
 from evolve.pipeline import bench, check, gputest, iket, ncu
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.errors import failure_kind, is_transport_error
-from evolve.population import Candidate, StageResult
+from evolve.population import Candidate, StageLogs, StageResult
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,8 @@ def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
         result = retrying(fn)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded with its kind
         kind = "transport" if is_transport_error(exc) else failure_kind(exc)
-        return StageResult(status="failed", failure_kind=kind, message=f"{type(exc).__name__}: {exc}"[:4000])
+        return StageResult(status="failed", failure_kind=kind, message=f"{type(exc).__name__}: {exc}"[:4000],
+                           logs=StageLogs(traceback="".join(traceback.format_exception(exc))))
     return result
 
 

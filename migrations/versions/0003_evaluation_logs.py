@@ -1,0 +1,33 @@
+"""evaluation_logs: each stage attempt's full stdout, stderr and exception traceback,
+bounded and zlib-compressed, one row per evaluation that produced any.
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-12-03 07:30:00
+"""
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "evaluation_logs",
+        sa.Column("evaluation_id", sa.Integer(), nullable=False),
+        sa.Column("stdout", sa.LargeBinary(), nullable=True),
+        sa.Column("stderr", sa.LargeBinary(), nullable=True),
+        sa.Column("traceback", sa.LargeBinary(), nullable=True),
+        sa.ForeignKeyConstraint(["evaluation_id"], ["evaluations.id"],
+                                name="fk_evaluation_logs_evaluation_id_evaluations", ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("evaluation_id", name="pk_evaluation_logs"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("evaluation_logs")
