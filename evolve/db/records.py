@@ -203,8 +203,9 @@ class LeaderboardRow(_Snapshot):
     ms: float | None
     baseline_ms: float | None
     speedup: float
-    spread: float | None
+    spread: float | None  # the widest spread its passed bench and confirmation runs measured
     excessive_sectors: int | None
+    noisy: bool = False  # that spread is at least its gain over the baseline
     confirmed: bool  # promoted at some point
     best: bool  # the current confirmed best of its workload
 

@@ -98,7 +98,7 @@ def test_leaderboard_command(demo: tuple[Path, dict[str, int]], cli) -> None:  #
     lines = table.stdout.splitlines()
     assert lines[2].split()[1] == str(ids["fast"]) and "✓" in lines[2]
     as_json = json.loads(cli("leaderboard", "--json", "--limit", "2").stdout)
-    assert [r["candidate_id"] for r in as_json] == [ids["fast"], ids["slow"]]
+    assert [r["candidate_id"] for r in as_json] == [ids["fast"], ids["seed"]]  # confirmed first
     unknown = cli("leaderboard", "--workload", "nope")
     assert unknown.returncode == 2 and "nope" in unknown.stderr
 
