@@ -32,7 +32,7 @@ RUN_STATES = ("running", "finished", "failed", "interrupted")
 ORIGINS = ("template", "agent", "seed")
 # Stages that may hold several running/passed rows for one candidate (each run is a new
 # attempt); every other stage is claimed at most once, see the partial unique index below.
-REPEATABLE_STAGES = ("confirm",)
+REPEATABLE_STAGES = ("confirm", "rebench")
 
 # Constraint names are fixed so batch-mode migrations on SQLite can find them again.
 NAMING = MetaData(
@@ -159,10 +159,10 @@ class EvaluationModel(Base):
             "stage",
             unique=True,
             sqlite_where=text(
-                f"{_in('status', ('running', 'passed'))} AND stage NOT IN ('confirm')"
+                f"{_in('status', ('running', 'passed'))} AND {_in('stage', REPEATABLE_STAGES).replace(' IN', ' NOT IN')}"
             ),
             postgresql_where=text(
-                f"{_in('status', ('running', 'passed'))} AND stage NOT IN ('confirm')"
+                f"{_in('status', ('running', 'passed'))} AND {_in('stage', REPEATABLE_STAGES).replace(' IN', ' NOT IN')}"
             ),
         ),
         # Leaderboard: best passed bench per candidate, answered from the index alone.

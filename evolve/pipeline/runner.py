@@ -21,6 +21,7 @@ from evolve.pipeline import bench, check, gputest, iket, ncu
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.errors import failure_kind, is_transport_error
 from evolve.population import Candidate, StageLogs, StageResult
+from evolve.stage_progress import StageEvent, StagePhase
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | No
     eid = ctx.pop.begin_stage(cand.id, stage, run_id=ctx.run_id, retry_of=retry_of)
     if eid is None:
         return None, None
+    _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.STARTED))
     started = time.monotonic()
     work = fn or (lambda: STAGE_FUNCTIONS[stage](ctx, cand))
 
@@ -88,7 +90,19 @@ def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | No
     if not ctx.pop.finish_stage(eid, result):
         log.warning("evaluation %s was closed by someone else; result dropped", eid)
     ctx.stats.add_lease(result.lease_held_ms)
+    first_line = next((ln.strip() for ln in result.message.splitlines() if ln.strip()), "")
+    _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.FINISHED, status=result.status,
+                          failure_kind=result.failure_kind, seconds=time.monotonic() - started,
+                          message=first_line[:300] if result.status == "failed" else ""))
     return eid, result
+
+
+def _tell(ctx: StageContext, event: StageEvent) -> None:
+    if ctx.listener is not None:
+        try:
+            ctx.listener(event)
+        except Exception:  # a display problem must never fail a stage
+            log.exception("stage listener failed")
 
 
 def run_pipeline(ctx: StageContext, cand: Candidate, stages: list[str],

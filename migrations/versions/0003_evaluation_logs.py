@@ -1,5 +1,7 @@
 """evaluation_logs: each stage attempt's full stdout, stderr and exception traceback,
-bounded and zlib-compressed, one row per evaluation that produced any.
+bounded and zlib-compressed, one row per evaluation that produced any. And stage
+'rebench' (`evolve evaluate --rebench N`) may repeat, like 'confirm': the claim index
+leaves it out.
 
 Revision ID: 0003
 Revises: 0002
@@ -16,7 +18,18 @@ branch_labels = None
 depends_on = None
 
 
+_CLAIM_OLD = "status IN ('running', 'passed') AND stage NOT IN ('confirm')"
+_CLAIM_NEW = "status IN ('running', 'passed') AND stage NOT IN ('confirm', 'rebench')"
+
+
+def _claim_index(where: str) -> None:
+    op.drop_index("uq_evaluations_claim", table_name="evaluations")
+    op.create_index("uq_evaluations_claim", "evaluations", ["candidate_id", "stage"], unique=True,
+                    sqlite_where=sa.text(where), postgresql_where=sa.text(where))
+
+
 def upgrade() -> None:
+    _claim_index(_CLAIM_NEW)
     op.create_table(
         "evaluation_logs",
         sa.Column("evaluation_id", sa.Integer(), nullable=False),
@@ -30,4 +43,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DELETE FROM evaluations WHERE stage = 'rebench'")  # the old index can't hold repeats
+    _claim_index(_CLAIM_OLD)
     op.drop_table("evaluation_logs")
