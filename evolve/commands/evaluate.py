@@ -13,6 +13,7 @@ from rich.console import Console
 
 from evolve.config import ConfigError, PromotionConfig, RemoteConfig, RunConfig, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
+from evolve.commands.jsonout import add_json_flag, emit
 from evolve.commands.register import RegisterError, register_candidate
 from evolve.digest import DigestError, source_digest
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
@@ -40,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run config whose stages and promotion policy to use (default: check, gputest, bench)")
     p.add_argument("--rebench", type=int, default=None, metavar="N",
                    help="then run the official benchmark N more times (stage 'rebench'; needs a passed bench)")
+    add_json_flag(p)
     p.set_defaults(func=main)
 
 
@@ -155,6 +157,15 @@ def main(args: argparse.Namespace) -> int:
     except RemoteError as exc:
         print(f"evolve evaluate: error: the server failed: {exc}", file=sys.stderr)
         return 1
+    if args.json:
+        emit({"candidate_id": cand.id, "passed": outcome.passed, "skipped": outcome.skipped,
+              "stage": outcome.stage, "failure_kind": outcome.failure_kind, "message": outcome.message,
+              "evaluations": [e.model_dump(mode="json") for e in pop.evaluations(cand.id)],
+              "decision": decision.model_dump(mode="json") if decision else None,
+              "rebench": None if rebenched is None else {
+                  "summary": rebench_summary(rebenched),
+                  "speedups": [r.speedup for r in rebenched], "spreads": [r.spread for r in rebenched]}})
+        return 0 if outcome.passed else 1
     for ev in pop.evaluations(cand.id):
         extra = f" {ev.speedup:.3f}x ({ev.ms:.4f} ms)" if ev.speedup is not None and ev.ms is not None else ""
         kind = f" [{ev.failure_kind}]" if ev.failure_kind else ""

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from evolve.commands.jsonout import add_json_flag, emit
 from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.digest import DigestError, source_digest
 from evolve.paths import display_path
@@ -91,9 +92,13 @@ def _run(args: argparse.Namespace) -> int:
     except (RegisterError, SchemaVersionError, KeyError) as exc:
         print(f"evolve register: {exc}", file=sys.stderr)
         return 2
-    print(cid)
+    existing = pop.candidate(cid)
+    if args.json:
+        emit({"candidate_id": cid, "created": created,
+              "candidate": existing.model_dump(mode="json") if existing else None})
+    else:
+        print(cid)
     if not created:
-        existing = pop.candidate(cid)
         where = existing.directory if existing else "?"
         print(f"identical sources already registered as candidate {cid} ({where})", file=sys.stderr)
     return 0
@@ -107,4 +112,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--notes", help="free text: the idea behind it")
     p.add_argument("--workload", help="workload name (default: from candidates/kda/<workload>/...)")
     p.add_argument("--db", help=DB_HELP)
+    add_json_flag(p)
     p.set_defaults(func=_run)

@@ -10,13 +10,14 @@ from contextlib import nullcontext
 
 from kcoral import Client, RemoteError
 
+from evolve.commands.jsonout import add_json_flag, emit
 from evolve.config import ConfigError, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
 from evolve.events import EventHook
 from evolve.families import FamilyError
 from evolve.leaderboard import format_table
-from evolve.loop import SearchLoop
+from evolve.loop import RunSummary, SearchLoop
 from evolve.preflight import PreflightError
 from evolve.population import Population
 
@@ -36,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--on-event", metavar="CMD", default=None,
                    help="shell command run on promotion, abort and finish; it gets the event as JSON "
                         "on stdin and in $EVOLVE_EVENT_JSON, its kind in $EVOLVE_EVENT")
+    add_json_flag(p)
     p.set_defaults(func=main)
 
 
@@ -91,13 +93,21 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nevolve run: interrupted; continue with --resume", file=sys.stderr)
         return 130
-    print(f"run {summary.run_id}: {summary.evaluated} evaluated, {summary.passed} passed, "
-          f"{summary.promotions} promoted; stopped: {summary.stopped_because}")
-    if summary.gpu_busy is not None:
-        print(f"GPU lease held {summary.gpu_busy:.0%} of the run's wall time (the server's count, per GPU)")
-    print(format_table(pop.leaderboard(summary.workload_id)))
+    if args.json:
+        emit({"summary": summary.model_dump(mode="json"),
+              "leaderboard": [r.model_dump(mode="json") for r in pop.leaderboard(summary.workload_id)]})
+    else:
+        _print_summary(summary, pop)
     if summary.aborted:
         # Last, on stderr: the line a morning reader (or a scheduler's log) sees first.
         print(f"evolve run: run {summary.run_id} {summary.stopped_because}", file=sys.stderr)
         return EXIT_ABORTED
     return 0
+
+
+def _print_summary(summary: RunSummary, pop: Population) -> None:
+    print(f"run {summary.run_id}: {summary.evaluated} evaluated, {summary.passed} passed, "
+          f"{summary.promotions} promoted; stopped: {summary.stopped_because}")
+    if summary.gpu_busy is not None:
+        print(f"GPU lease held {summary.gpu_busy:.0%} of the run's wall time (the server's count, per GPU)")
+    print(format_table(pop.leaderboard(summary.workload_id)))

@@ -1,6 +1,7 @@
 """Issue 15, item 1: an edited candidate is a new candidate, never a stale result."""
 from __future__ import annotations
 
+import json
 import shutil
 
 from evolve.commands.register import register_candidate
@@ -72,8 +73,10 @@ def test_a_stage_refuses_sources_changed_since_registration(tmp_path, cpu_server
     pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
     cid, _ = register_candidate(pop, d, workload="forward_cpu_small")
     (d / "solution.py").write_text("import no_such_module_anywhere\n")
-    proc = run_cli("evaluate", str(cid), "--remote", cpu_server.url, "--db", db_url, cwd=tmp_path)
+    proc = run_cli("evaluate", str(cid), "--remote", cpu_server.url, "--db", db_url, "--json", cwd=tmp_path)
     assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["candidate_id"] == cid and doc["stage"] == "check" and doc["failure_kind"] == "check"
     [check] = pop.evaluations(cid, "check")
     assert check.status == "failed" and check.failure_kind == "check"
     assert "changed since registration" in check.message and "evolve register" in check.message

@@ -26,8 +26,10 @@ def test_repeated_identical_failures_abort_the_run_and_call_the_hook(tmp_path, c
     db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
     events = tmp_path / "events.jsonl"
     proc = run_cli("run", _broken_family_config(tmp_path), "--remote", cpu_server.url, "--db", db_url,
-                   "--on-event", f"cat >> {events}; echo >> {events}", cwd=tmp_path)
+                   "--on-event", f"cat >> {events}; echo >> {events}", "--json", cwd=tmp_path)
     assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)["summary"]        # --json: stdout is one document
+    assert summary["aborted"] is True and "3 consecutive" in summary["stopped_because"]
     last = proc.stderr.strip().splitlines()[-1]
     assert "aborted" in last and "3 consecutive" in last and "no_such_backend_package" in last
     pop = population(db_url)
