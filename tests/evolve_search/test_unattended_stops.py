@@ -53,3 +53,18 @@ def test_preflight_refuses_a_gpu_workload_on_a_cpu_server(tmp_path, cpu_server):
     assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
     assert "preflight" in proc.stderr and "cuda" in proc.stderr and "no GPU" in proc.stderr
     assert population(db_url).candidates() == []
+
+
+def test_the_breaker_counts_one_cause_in_a_row():
+    from evolve.breaker import FailureBreaker, failure_signature
+
+    assert failure_signature("import", "No module named 'cupy' (in /w/kcoral-tool-ab12/run)") == \
+        failure_signature("import", "No module named 'cupy' (in /w/kcoral-tool-zz99/run)\nmore")
+    assert failure_signature("runtime", "ValueError: chunk 48") != failure_signature("runtime", "ValueError: chunk 32")
+    b = FailureBreaker(3)
+    assert b.record_failure("import", "x") is None and b.record_failure("import", "x") is None
+    b.record_success()                                  # a pass in between resets the count
+    assert b.record_failure("import", "x") is None and b.record_failure("runtime", "x") is None
+    assert b.record_failure("runtime", "x") is None
+    assert "3 consecutive" in (b.record_failure("runtime", "x") or "")
+    assert FailureBreaker(0).record_failure("import", "x") is None
