@@ -11,10 +11,10 @@ from pathlib import Path
 from kcoral import Client, RemoteError
 from rich.console import Console
 
-from evolve.config import ConfigError, PromotionConfig, RemoteConfig, RunConfig, load_config
-from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.commands.jsonout import add_json_flag, emit
 from evolve.commands.register import RegisterError, register_candidate
+from evolve.config import ConfigError, PromotionConfig, RemoteConfig, RunConfig, load_config
+from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.digest import DigestError, source_digest
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
 from evolve.families import FamilyError
