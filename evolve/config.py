@@ -48,6 +48,8 @@ class BudgetConfig(_Strict):
     max_evals: int | None = Field(None, ge=1)  # candidates whose pipeline this run starts
     hours: float | None = Field(None, gt=0)
     deadline: datetime | None = None           # absolute, UTC if no zone is given
+    # Stop the run after this many consecutive failures of one kind and message (0: never).
+    max_same_failures: int = Field(5, ge=0)
 
     @field_validator("deadline")
     @classmethod

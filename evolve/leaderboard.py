@@ -1,4 +1,7 @@
-"""The leaderboard: candidates ranked by their best passed bench speedup.
+"""The leaderboard: confirmed candidates first (the current best on top), then the rest,
+each group by its best passed bench speedup. An unconfirmed bench is one lucky run until
+confirmation says otherwise, so it never outranks a confirmed one. Each row carries the
+widest spread its runs measured and a noise flag: the spread is at least the gain.
 
 Ranking walks the `candidates.best_speedup` index from the top (the column is kept by
 `Population.finish_stage`); details (times, spread, sectors, confirmation marks) are
@@ -17,7 +20,14 @@ from evolve.db.models import CandidateModel, EvaluationModel, PromotionModel
 from evolve.db.records import LeaderboardRow
 
 RANKED_STAGE = "bench"
+CONFIRM_STAGE = "confirm"
 PROFILE_STAGE = "ncu"
+
+
+def is_noisy(speedup: float, spread: float | None) -> bool:
+    """The measured spread is at least the gain over the baseline: the figure can't be told
+    apart from no gain at all."""
+    return spread is not None and spread >= abs(speedup - 1.0)
 
 
 def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit: int | None = 20) -> list[LeaderboardRow]:
@@ -25,18 +35,27 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
     # leaderboard` and in the search loop, and ORM objects would cost more than the SQL.
     conn = session.connection()
     C = CandidateModel
-    # candidates.best_speedup is kept by finish_stage, so ranking reads the top of an index.
-    ranked = (
-        select(C.id, C.workload_id, C.name, C.directory, C.origin, C.family, C.author, C.generation,
-               C.best_speedup.label("speedup"))
-        .where(C.best_speedup.is_not(None))
-        .order_by(C.best_speedup.desc(), C.id)
-    )
+    P = PromotionModel
+    promoted_ids = select(P.candidate_id)
     if workload_id is not None:
-        ranked = ranked.where(C.workload_id == workload_id)
-    if limit is not None and limit > 0:
-        ranked = ranked.limit(limit)
-    top = conn.execute(ranked).all()
+        promoted_ids = promoted_ids.where(P.workload_id == workload_id)
+    latest_per_workload = select(func.max(P.id)).group_by(P.workload_id).scalar_subquery()
+    current_best = set(conn.execute(select(P.candidate_id).where(P.id.in_(latest_per_workload))).scalars())
+    # candidates.best_speedup is kept by finish_stage, so ranking reads the top of an index.
+    columns = (C.id, C.workload_id, C.name, C.directory, C.origin, C.family, C.author, C.generation,
+               C.best_speedup.label("speedup"))
+    base = select(*columns).where(C.best_speedup.is_not(None)).order_by(C.best_speedup.desc(), C.id)
+    if workload_id is not None:
+        base = base.where(C.workload_id == workload_id)
+    # Promotions are few (each beat the best side by side): the confirmed group is read whole.
+    confirmed = sorted(conn.execute(base.where(C.id.in_(promoted_ids))).all(),
+                       key=lambda row: row.id not in current_best)   # stable: speedup order kept
+    rest = base.where(C.id.not_in(promoted_ids))
+    capped = limit is not None and limit > 0
+    if capped:
+        confirmed = confirmed[:limit]
+        rest = rest.limit(max(0, limit - len(confirmed)))   # type: ignore[operator]
+    top = [*confirmed, *(conn.execute(rest).all() if not capped or len(confirmed) < limit else [])]  # type: ignore[operator]
     if not top:
         return []
     ids = [row.id for row in top]
@@ -62,16 +81,23 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
         )
     }
 
-    promoted = set(conn.execute(select(PromotionModel.candidate_id).where(PromotionModel.candidate_id.in_(ids))).scalars())
-    latest_per_workload = select(func.max(PromotionModel.id)).group_by(PromotionModel.workload_id).scalar_subquery()
-    current_best = set(
-        conn.execute(select(PromotionModel.candidate_id).where(PromotionModel.id.in_(latest_per_workload))).scalars()
-    )
+    promoted = {row.id for row in confirmed}
+    # The widest spread any passed bench or confirmation of the candidate measured.
+    widest: dict[int, float] = {
+        cid: float(value)
+        for cid, value in conn.execute(
+            select(E.candidate_id, func.max(E.spread))
+            .where(E.candidate_id.in_(ids), E.stage.in_((RANKED_STAGE, CONFIRM_STAGE)), E.status == "passed")
+            .group_by(E.candidate_id)
+        )
+        if value is not None
+    }
 
     rows: list[LeaderboardRow] = []
     for rank, cand in enumerate(top, start=1):
         # (None...) only if best_speedup was edited by hand; recompute_best_speedups repairs it.
         eid, ms, baseline_ms, spread, bench_sectors = bench.get(cand.id, (None, None, None, None, None))
+        spread = widest.get(cand.id, spread)
         rows.append(
             LeaderboardRow(
                 rank=rank,
@@ -88,6 +114,7 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
                 baseline_ms=baseline_ms,
                 speedup=float(cand.speedup),
                 spread=spread,
+                noisy=is_noisy(float(cand.speedup), spread),
                 excessive_sectors=bench_sectors if bench_sectors is not None else sectors.get(cand.id),
                 confirmed=cand.id in promoted,
                 best=cand.id in current_best,
@@ -106,8 +133,10 @@ def _short_dir(directory: str | None) -> str:
 
 
 def format_table(rows: Sequence[LeaderboardRow]) -> str:
-    """A plain-text table: rank, id, name, ms, baseline ms, speedup, confirmed, sectors, origin."""
-    header = ["rank", "id", "name", "ms", "baseline ms", "speedup", "confirmed", "excess sectors", "origin"]
+    """A plain-text table: rank, id, name, ms, baseline ms, speedup, spread (and noise flag),
+    confirmed, sectors, origin."""
+    header = ["rank", "id", "name", "ms", "baseline ms", "speedup", "spread", "confirmed", "excess sectors",
+              "origin"]
     body = [
         [
             str(r.rank),
@@ -116,6 +145,7 @@ def format_table(rows: Sequence[LeaderboardRow]) -> str:
             _fmt(r.ms, ".4f"),
             _fmt(r.baseline_ms, ".4f"),
             f"{r.speedup:.3f}x",
+            ("-" if r.spread is None else f"{r.spread:.1%}") + (" noisy" if r.noisy else ""),
             ("✓ best" if r.best else "✓") if r.confirmed else "",
             _fmt(r.excessive_sectors, ",d"),
             r.source,
@@ -123,7 +153,7 @@ def format_table(rows: Sequence[LeaderboardRow]) -> str:
         for r in rows
     ]
     widths = [max(len(h), *(len(line[i]) for line in body)) if body else len(h) for i, h in enumerate(header)]
-    numeric = {0, 1, 3, 4, 5, 7}
+    numeric = {0, 1, 3, 4, 5, 8}
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()

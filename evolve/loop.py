@@ -21,13 +21,17 @@ from typing import TextIO
 
 from kcoral import Client
 from pydantic import BaseModel, Field
+from rich.console import Console
 
+from evolve.breaker import FailureBreaker
 from evolve.config import RunConfig
+from evolve.events import EventHook, EventKind
 from evolve.families import Family
 from evolve.leaseclock import LeaseClock
 from evolve.paths import display_path
 from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
 from evolve.population import Candidate, NewCandidate, Population, Run
+from evolve.preflight import PreflightError, problems
 from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
 from evolve.render import RenderError, render_candidate
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
@@ -53,6 +57,7 @@ class RunSummary(BaseModel):
     best_candidate_id: int | None
     best_speedup: float | None
     stopped_because: str
+    aborted: bool = False              # the circuit breaker stopped it (a setup problem, not the budget)
     gpu_busy: float | None = None     # lease-held fraction of the run's wall time per server GPU
     resumed_from: int | None = None
     retried: list[int] = Field(default_factory=list)   # evaluation ids retried on resume
@@ -73,8 +78,10 @@ class Progress:
     """One status line: redrawn in place on a terminal, periodic lines otherwise."""
 
     def __init__(self, stream: TextIO, gpu_slots: int, interval_s: float = 5.0, has_gpu: bool = True,
-                 lease_clock: LeaseClock | None = None):
+                 lease_clock: LeaseClock | None = None, console: Console | None = None):
         self.stream = stream
+        # Only for the terminal's width: a redrawn line that wraps leaves a stale copy each time.
+        self.console = console or Console(file=stream)
         self.lease_clock = lease_clock
         self.gpu_busy: float | None = None   # the latest lease-held fraction the server reported
         self.has_gpu = has_gpu
@@ -83,18 +90,43 @@ class Progress:
         self.interval_s = interval_s if not self.tty else 0.5
         self._last = 0.0
 
-    def line(self, stats: RunStats) -> str:
+    def line(self, stats: RunStats, width: int | None = None) -> str:
+        """The full line, or (given `width`) the most of it that fits: short labels first,
+        then the least useful fields dropped, then an ellipsis."""
+        parts = self._parts(stats)
+        full = "  ".join(f"{label} {value}".strip() for label, _brief, _short, value, _keep in parts)
+        if width is None or len(full) <= width:
+            return full
+        kept = [(keep, f"{brief} {short}".strip()) for _label, brief, short, _value, keep in parts]
+        while True:
+            text = " ".join(t for _, t in kept)
+            if len(text) <= width or len(kept) <= 1:
+                break
+            kept.remove(max(kept, key=lambda item: item[0]))   # the least useful field goes first
+        return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+    def _parts(self, stats: RunStats) -> list[tuple[str, str, str, str, int]]:
+        """(label, short label, short value, value, rank): rank 0 is dropped last."""
         wall = time.monotonic() - stats.started_at
         busy = self.gpu_busy
         if busy is None:   # a server that does not report lease time: finished stages only
             busy = stats.lease_held_ms / (wall * 1000.0 * self.gpu_slots) if wall > 0 else 0.0
         fails = " ".join(f"{k}={v}" for k, v in sorted(stats.failures.items())) or "none"
+        total = sum(stats.failures.values())
+        top = max(stats.failures.items(), key=lambda kv: kv[1], default=None)
+        short_fails = f"{total}" + (f" ({top[0][:4]} {top[1]})" if top and len(stats.failures) > 1 else
+                                    f" {top[0][:4]}" if top else "")
         best = "-" if stats.best_speedup is None else (
             f"{stats.best_ms:.4f} ms {stats.best_speedup:.3f}x" if stats.best_ms else f"{stats.best_speedup:.3f}x")
         m, s = divmod(int(wall), 60)
         gpu = f"{busy:.0%}" if self.has_gpu else "- (CPU server)"
-        return (f"[evolve {m:02d}:{s:02d}] evaluated {stats.evaluated}  in flight {stats.in_flight}  "
-                f"failures {fails}  best {best}  promotions {stats.promotions}  gpu busy {gpu}")
+        return [(f"[evolve {m:02d}:{s:02d}]", f"[{m:02d}:{s:02d}]", "", "", 0),
+                ("evaluated", "ev", str(stats.evaluated), str(stats.evaluated), 1),
+                ("in flight", "run", str(stats.in_flight), str(stats.in_flight), 5),
+                ("failures", "fail", short_fails, fails, 4),
+                ("best", "best", best, best, 2),
+                ("promotions", "prom", str(stats.promotions), str(stats.promotions), 6),
+                ("gpu busy", "gpu", gpu if self.has_gpu else "cpu", gpu, 3)]
 
     def update(self, stats: RunStats, force: bool = False) -> None:
         now = time.monotonic()
@@ -103,7 +135,7 @@ class Progress:
         self._last = now
         if self.lease_clock is not None and self.has_gpu:
             self.gpu_busy = self.lease_clock.sample()
-        text = self.line(stats)
+        text = self.line(stats, width=self.console.width - 1 if self.tty else None)
         if self.tty:
             self.stream.write("\r" + text + "\x1b[K")
         else:
@@ -123,8 +155,12 @@ class Progress:
 
 class SearchLoop:
     def __init__(self, config: RunConfig, client: Client, pop: Population, *, resume: bool = False,
-                 stream: TextIO | None = None, progress_interval_s: float = 5.0):
+                 stream: TextIO | None = None, progress_interval_s: float = 5.0, events: EventHook | None = None):
         self.config = config
+        self.events = events or EventHook(None)
+        self.breaker = FailureBreaker(config.budget.max_same_failures)
+        self.aborted: str | None = None
+        self._run_id: int | None = None
         self.client = client
         self.pop = pop
         self.resume = resume
@@ -196,6 +232,11 @@ class SearchLoop:
         workload_id = self.pop.ensure_workload(cfg.workload_name, display_path(cfg.workload_dir))
         health = self.client.health()
         slots = cfg.remote.concurrency or server_concurrency(health)
+        found = problems(cfg, health, families)
+        if found:  # before any run or candidate is recorded: nothing to clean up
+            self.events.emit(EventKind.ABORT, run_id=None, workload=cfg.workload_name,
+                             reason="preflight: " + "; ".join(found))
+            raise PreflightError(found)
 
         jobs: list[Job] = []
         retried: list[int] = []
@@ -206,6 +247,7 @@ class SearchLoop:
             jobs, retried = self._resume_jobs(prev, stages)
         record = cfg.to_record() | {"resumed_from": prev.id if prev else None}
         run_id = self.pop.start_run(workload_id, record, cfg.strategy.kind)
+        self._run_id = run_id
 
         stats = RunStats()
         ctx = StageContext(client=self.client, pop=self.pop, workload_id=workload_id,
@@ -327,10 +369,14 @@ class SearchLoop:
             self.pop.finish_run(run_id, "failed")
             raise
         executor.shutdown(wait=True)
-        self.pop.finish_run(run_id, "finished")
+        self.pop.finish_run(run_id, "failed" if self.aborted else "finished")
         progress.close(stats)
         best = self.pop.best(workload_id)
-        return RunSummary(run_id=run_id, workload_id=workload_id, evaluated=stats.evaluated, passed=stats.passed,
+        self.events.emit(EventKind.ABORT if self.aborted else EventKind.FINISH, run_id=run_id,
+                         workload=cfg.workload_name, reason=stopped, evaluated=stats.evaluated,
+                         passed=stats.passed, failures=dict(stats.failures), promotions=stats.promotions,
+                         best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup)
+        return RunSummary(aborted=self.aborted is not None, run_id=run_id, workload_id=workload_id, evaluated=stats.evaluated, passed=stats.passed,
                           failures=dict(stats.failures), promotions=stats.promotions,
                           best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup,
                           stopped_because=stopped, resumed_from=prev.id if prev else None, retried=retried,
@@ -351,6 +397,8 @@ class SearchLoop:
         """None while there is budget for another pipeline, else why not. `owed`: the next
         job finishes a dead run's work (a resumed retry), which --max-evals does not count;
         the time budget still applies."""
+        if self.aborted is not None:
+            return f"aborted after {self.aborted}"
         if self.cancel.is_set():
             return "cancelled"
         max_evals = self.config.budget.max_evals
@@ -369,6 +417,7 @@ class SearchLoop:
                 stats.evaluated += 1
                 stats.failures["internal"] += 1
             self.stream.write(f"evolve: pipeline error: {type(exc).__name__}: {exc}\n")
+            self._trip(self.breaker.record_failure("internal", f"{type(exc).__name__}: {exc}"))
             return
         with stats.lock:
             if not outcome.skipped:
@@ -379,9 +428,22 @@ class SearchLoop:
                 stats.failures[outcome.failure_kind] += 1
             if decision is not None and decision.promoted:
                 stats.promotions += 1
+        if outcome.passed:
+            self.breaker.record_success()
+        elif outcome.failure_kind and not outcome.skipped:
+            self._trip(self.breaker.record_failure(outcome.failure_kind, outcome.message))
         if decision is not None:
             verb = "promoted" if decision.promoted else "not promoted"
             self.stream.write(f"\nevolve: candidate {decision.candidate_id} {verb}: {decision.reason}\n")
+            if decision.promoted:
+                self.events.emit(EventKind.PROMOTION, run_id=self._run_id, workload=self.config.workload_name,
+                                 **decision.model_dump())
+
+    def _trip(self, reason: str | None) -> None:
+        """The breaker tripped: no new work, and the stages in flight stop at their next stage."""
+        if reason is not None and self.aborted is None:
+            self.aborted = reason
+            self.cancel.set()
 
     def _refresh_best(self, workload_id: int, stats: RunStats) -> None:
         best = self.pop.best(workload_id)

@@ -20,10 +20,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from evolve.db import Database, open_database
+from evolve.db.logs import pack, unpack
 from evolve.db.models import (
     REPEATABLE_STAGES,
     CandidateModel,
     CandidateParentModel,
+    EvaluationLogModel,
     EvaluationModel,
     PromotionConfirmationModel,
     PromotionModel,
@@ -51,6 +53,7 @@ from evolve.db.records import (
     Run,
     RunState,
     RunThroughput,
+    StageLogs,
     StageResult,
     StatusCount,
     Workload,
@@ -66,6 +69,7 @@ __all__ = [
     "Population",
     "Promotion",
     "Run",
+    "StageLogs",
     "StageResult",
     "StatusCount",
     "Workload",
@@ -430,7 +434,7 @@ class Population:
     def finish_stage(self, evaluation_id: int, result: StageResult) -> bool:
         """running -> passed/failed with the result (compare-and-set); False if the row was
         not running (finished or interrupted by someone else)."""
-        values = result.model_dump()
+        values = result.model_dump(exclude={"logs"})
         with self.db.write() as s:
             outcome = s.execute(
                 update(EvaluationModel)
@@ -439,6 +443,9 @@ class Population:
             )
             if outcome.rowcount != 1:  # type: ignore[attr-defined]
                 return False
+            if result.logs is not None and not result.logs.empty():
+                s.add(EvaluationLogModel(evaluation_id=evaluation_id, stdout=pack(result.logs.stdout),
+                                         stderr=pack(result.logs.stderr), traceback=pack(result.logs.traceback)))
             if result.status == "passed" and result.speedup is not None:
                 self._raise_best_speedup(s, evaluation_id, result.speedup)
             return True
@@ -506,6 +513,14 @@ class Population:
         with self.db.read() as s:
             row = s.get(EvaluationModel, evaluation_id)
             return None if row is None else Evaluation.model_validate(row)
+
+    def evaluation_logs(self, evaluation_id: int) -> StageLogs | None:
+        """The stored output of one evaluation; None when it left none."""
+        with self.db.read() as s:
+            row = s.get(EvaluationLogModel, evaluation_id)
+            if row is None:
+                return None
+            return StageLogs(stdout=unpack(row.stdout), stderr=unpack(row.stderr), traceback=unpack(row.traceback))
 
     def evaluations(self, candidate_id: int, stage: str | None = None) -> list[Evaluation]:
         query = select(*EVALUATION_COLUMNS).where(EvaluationModel.candidate_id == candidate_id)

@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from evolve.config import PromotionConfig
+from evolve.digest import verify_sources
 from evolve.pipeline import bench as bench_stage
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.runner import run_stage
@@ -77,6 +78,7 @@ class Promoter:
             pop = self.ctx.pop
             best = pop.best(self.ctx.workload_id)
             against: Path | None = None
+            best_cand: Candidate | None = None
             if best is not None:
                 if best.candidate_id == cand.id:
                     return None
@@ -86,12 +88,18 @@ class Promoter:
                 best_cand = pop.candidate(best.candidate_id)
                 assert best_cand is not None
                 against = self.ctx.candidate_dir(best_cand)
+
+            def confirm_run() -> StageResult:
+                if against is not None and best_cand is not None:  # the best's folder runs too
+                    verify_sources(against, best_cand.digest, candidate_id=best_cand.id)
+                return bench_stage.run(self.ctx, cand, against=against)
+
             runs: list[StageResult] = []
             eids: list[int] = []
             for i in range(self.policy.confirm_runs):
                 # The first run carries the lineage of a confirmation a dead process left.
                 eid, result = run_stage(self.ctx, CONFIRM_STAGE, cand, retry_of=retry_of if i == 0 else None,
-                                        fn=lambda: bench_stage.run(self.ctx, cand, against=against))
+                                        fn=confirm_run)
                 assert eid is not None and result is not None  # confirm is repeatable
                 eids.append(eid)
                 runs.append(result)

@@ -8,7 +8,6 @@ leaves a half-written candidate under its final name.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -19,29 +18,14 @@ from typing import Any
 
 import jinja2
 
+from evolve.digest import PARAMS_FILE, source_digest
 from evolve.families import Family
 
-PARAMS_FILE = "params.json"
+__all__ = ["PARAMS_FILE", "RenderError", "render_candidate", "render_sources", "source_digest"]
 
 
 class RenderError(RuntimeError):
     """A template that failed to render (undefined name, syntax error), with where."""
-
-
-def source_digest(directory: str | Path, exclude: tuple[str, ...] = (PARAMS_FILE,)) -> str:
-    """SHA-256 over every file's relative path and bytes, in sorted order."""
-    directory = Path(directory)
-    h = hashlib.sha256()
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
-    for path in files:
-        rel = path.relative_to(directory).as_posix()
-        if rel in exclude or "__pycache__" in path.parts:
-            continue
-        data = path.read_bytes()
-        # Length-prefix both fields so no two different trees hash alike.
-        h.update(f"{len(rel)}:{rel}:{len(data)}:".encode())
-        h.update(data)
-    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=64)

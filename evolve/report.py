@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from evolve.db.models import utcnow
-from evolve.db.records import EvaluationSummary, LeaderboardRow
+from evolve.db.records import EvaluationSummary, LeaderboardRow, Promotion
 from evolve.population import Population
 
 Point = tuple[float, float]
@@ -110,25 +110,37 @@ def step_plot(
 
 
 # ------------------------------------------------------------------ the data
-def best_so_far(evaluations: Sequence[EvaluationSummary], ranked_stage: str = "bench") -> tuple[list[Point], list[Point]]:
-    """Best passed speedup as the search went: (by finished evaluation count, by hours).
+def best_so_far(evaluations: Sequence[EvaluationSummary], promotions: Sequence[Promotion],
+                ranked_stage: str = "bench") -> tuple[list[Point], list[Point]]:
+    """The confirmed best as the search went: (by finished evaluation count, by hours).
 
-    Only the points where the best improved are kept (a step line needs no more)."""
+    One point per promotion, at its last confirmation run, valued at the promoted
+    candidate's best bench speedup: an unconfirmed bench (one lucky run) never moves it."""
     finished = sorted(
         (e for e in evaluations if e.ended_at is not None and e.status in ("passed", "failed")),
         key=lambda e: (e.ended_at, e.id),  # type: ignore[return-value]
     )
     if not finished:
         return [], []
+    order = {e.id: n for n, e in enumerate(finished, start=1)}
+    ended = {e.id: e.ended_at for e in finished}
+    speed: dict[int, float] = {}
+    for e in finished:
+        if e.stage == ranked_stage and e.status == "passed" and e.speedup is not None:
+            speed[e.candidate_id] = max(e.speedup, speed.get(e.candidate_id, e.speedup))
     origin = min(e.started_at for e in evaluations)
     by_count: list[Point] = []
     by_time: list[Point] = []
-    best = -math.inf
-    for n, ev in enumerate(finished, start=1):
-        if ev.stage == ranked_stage and ev.status == "passed" and ev.speedup is not None and ev.speedup > best:
-            best = ev.speedup
-            by_count.append((float(n), best))
-            by_time.append(((ev.ended_at - origin).total_seconds() / 3600, best))  # type: ignore[operator]
+    for p in sorted(promotions, key=lambda p: p.id):
+        value = speed.get(p.candidate_id)
+        if value is None:
+            continue
+        confirmations = [i for i in p.confirmation_eval_ids if i in order]
+        last = max(confirmations, key=lambda i: order[i]) if confirmations else None
+        n = order[last] if last is not None else sum(1 for e in finished if e.ended_at <= p.promoted_at)  # type: ignore[operator]
+        at = ended[last] if last is not None else p.promoted_at
+        by_count.append((float(n), value))
+        by_time.append(((at - origin).total_seconds() / 3600, value))  # type: ignore[operator]
     return by_count, by_time
 
 
@@ -186,6 +198,7 @@ def _leaderboard_html(rows: Sequence[LeaderboardRow]) -> str:
             _num(r.ms, ".4f"),
             _num(r.baseline_ms, ".4f"),
             f"{r.speedup:.3f}×",
+            ("–" if r.spread is None else f"{r.spread:.1%}") + (" noisy" if r.noisy else ""),
             ("✓ best" if r.best else "✓") if r.confirmed else "",
             _num(r.excessive_sectors, ",d"),
             html.escape(r.source),
@@ -193,8 +206,9 @@ def _leaderboard_html(rows: Sequence[LeaderboardRow]) -> str:
         ]
         for r in rows
     ]
-    header = ["rank", "id", "name", "ms", "baseline ms", "speedup", "confirmed", "excess sectors", "origin", "directory"]
-    return _table(header, cells, {0, 1, 3, 4, 5, 7}, ["best" if r.best else "" for r in rows])
+    header = ["rank", "id", "name", "ms", "baseline ms", "speedup", "spread", "confirmed", "excess sectors", "origin",
+              "directory"]
+    return _table(header, cells, {0, 1, 3, 4, 5, 6, 8}, ["best" if r.best else "" for r in rows])
 
 
 def render_report(pop: Population, workload_id: int | None = None, *, limit: int = 50, now: datetime | None = None) -> str:
@@ -202,35 +216,9 @@ def render_report(pop: Population, workload_id: int | None = None, *, limit: int
     evaluations = pop.evaluation_summaries(workload_id)
     leaderboard = pop.leaderboard(workload_id, limit=limit)
     workloads = [w for w in pop.workloads() if workload_id is None or w.id == workload_id]
-    by_count, by_time = best_so_far(evaluations)
-
-    promos = [p for p in pop.promotions(workload_id)]
-    ev_by_id = {e.id: e for e in evaluations}
-    finished_order = {
-        e.id: n
-        for n, e in enumerate(
-            sorted((e for e in evaluations if e.ended_at is not None and e.status in ("passed", "failed")),
-                   key=lambda e: (e.ended_at, e.id)),  # type: ignore[arg-type,return-value]
-            start=1,
-        )
-    }
-    best_speed: dict[int, float] = {}
-    for e in evaluations:
-        if e.stage == "bench" and e.status == "passed" and e.speedup is not None:
-            best_speed[e.candidate_id] = max(e.speedup, best_speed.get(e.candidate_id, e.speedup))
-    origin = min((e.started_at for e in evaluations), default=now)
-    marks_count: list[Point] = []
-    marks_time: list[Point] = []
-    for p in promos:
-        speed = best_speed.get(p.candidate_id)
-        if speed is None:
-            continue
-        last_conf = max((ev_by_id[i] for i in p.confirmation_eval_ids if i in ev_by_id), key=lambda e: e.id, default=None)
-        n = finished_order.get(last_conf.id) if last_conf else None
-        if n is None:
-            n = sum(1 for e in evaluations if e.ended_at is not None and e.ended_at <= p.promoted_at)
-        marks_count.append((float(n), speed))
-        marks_time.append(((p.promoted_at - origin).total_seconds() / 3600, speed))
+    promos = list(pop.promotions(workload_id))
+    by_count, by_time = best_so_far(evaluations, promos)
+    marks_count, marks_time = list(by_count), list(by_time)   # each step is a promotion
 
     # Short runs read better in minutes than in hundredths of an hour.
     span_h = max((x for x, _ in by_time + marks_time), default=0.0)

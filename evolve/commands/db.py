@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from evolve.db import DB_HELP, Database, SchemaVersionError, open_database
+from evolve.commands.jsonout import add_json_flag, emit
 from evolve.db.migrate import current_revision, head_revision, upgrade
 
 
@@ -21,7 +22,9 @@ def _upgrade(args: argparse.Namespace) -> int:
         return 2
     finally:
         db.close()
-    if before == after:
+    if args.json:
+        emit({"url": str(db.url), "before": before, "after": after})
+    elif before == after:
         print(f"{db.url}: already at {after}")
     else:
         print(f"{db.url}: upgraded {before or '(empty)'} -> {after}")
@@ -36,6 +39,9 @@ def _current(args: argparse.Namespace) -> int:
     finally:
         db.close()
     head = head_revision()
+    if args.json:
+        emit({"url": str(db.url), "revision": current, "head": head, "up_to_date": current == head})
+        return 0 if current == head else 1
     state = "up to date" if current == head else "run `evolve db upgrade`" if current is None else "differs from this evolve"
     print(f"{db.url}: revision {current or '(none)'}, this evolve: {head} ({state})")
     return 0 if current == head else 1
@@ -47,7 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     up = sub.add_parser("upgrade", help="migrate the database to this evolve's schema")
     up.add_argument("--db", help=DB_HELP)
     up.add_argument("--revision", default="head", help="target revision (default: head)")
+    add_json_flag(up)
     up.set_defaults(func=_upgrade)
     cur = sub.add_parser("current", help="print the database's schema revision (exit 1 unless current)")
     cur.add_argument("--db", help=DB_HELP)
+    add_json_flag(cur)
     cur.set_defaults(func=_current)

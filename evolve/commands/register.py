@@ -2,50 +2,20 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 import sys
 from pathlib import Path
 
+from evolve.commands.jsonout import add_json_flag, emit
 from evolve.db import DB_HELP, SchemaVersionError, open_database
+from evolve.digest import DigestError, source_digest
 from evolve.paths import display_path
 from evolve.population import NewCandidate, Population
 
-IGNORED_DIRS = {"__pycache__"}
 ENTRY_POINT = "solution.py"
 
 
 class RegisterError(ValueError):
     pass
-
-
-def directory_digest(root: Path) -> str:
-    """sha256 over the directory's files: sorted relative paths and contents, each framed
-    by its length so that no two different trees hash alike. Links are refused (they
-    would not travel with the candidate); __pycache__ folders are ignored."""
-    if root.is_symlink() or not root.is_dir():
-        raise RegisterError(f"{root} is not a directory")
-    files: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        for name in dirnames:
-            if (here / name).is_symlink():
-                raise RegisterError(f"{here / name} is a symbolic link; copy the files instead")
-        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
-        for name in filenames:
-            path = here / name
-            if path.is_symlink():
-                raise RegisterError(f"{path} is a symbolic link; copy the file instead")
-            if not path.is_file():
-                raise RegisterError(f"{path} is not a regular file")
-            files.append((path.relative_to(root).as_posix(), path))
-    digest = hashlib.sha256()
-    for rel, path in sorted(files):
-        data = path.read_bytes()
-        name = rel.encode()
-        digest.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big"))
-        digest.update(data)
-    return digest.hexdigest()
 
 
 def infer_workload(path: Path) -> tuple[str, Path] | None:
@@ -65,10 +35,16 @@ def register_candidate(
     author: str | None = None,
     notes: str | None = None,
     workload: str | None = None,
+    edit_of: int | None = None,
 ) -> tuple[int, bool]:
+    """Add the folder's sources; a folder that held another candidate's sources (or
+    `edit_of`'s) makes the new one that candidate's child, operator "edit"."""
     if not (path / ENTRY_POINT).is_file():
         raise RegisterError(f"{path} has no {ENTRY_POINT}")
-    digest = directory_digest(path)
+    try:
+        digest = source_digest(path)
+    except DigestError as exc:
+        raise RegisterError(str(exc)) from None
     inferred = infer_workload(path)
     if workload is None:
         if inferred is None:
@@ -86,15 +62,22 @@ def register_candidate(
         else:
             workload_path = f"candidates/kda/{workload}"
     wid = pop.ensure_workload(name=workload, path=workload_path)
+    directory = display_path(path)
+    # The folder held other sources before: this is an edit of that candidate, its child.
+    before = pop.candidate(edit_of) if edit_of is not None else pop.candidate_by_directory(directory)
+    edited = before is not None and before.workload_id == wid and before.digest != digest
     cand, created = pop.add_candidate(
         NewCandidate(
             workload_id=wid,
             origin="agent",
             digest=digest,
-            directory=display_path(path),
-            name=name or path.resolve().name,
+            directory=directory,
+            name=name or (before.name if edited and before else None) or path.resolve().name,
             author=author,
             notes=notes,
+            parents=[before.id] if edited and before else [],
+            generation=before.generation + 1 if edited and before else 0,
+            operator="edit" if edited else None,
         )
     )
     return cand.id, created
@@ -109,9 +92,13 @@ def _run(args: argparse.Namespace) -> int:
     except (RegisterError, SchemaVersionError, KeyError) as exc:
         print(f"evolve register: {exc}", file=sys.stderr)
         return 2
-    print(cid)
+    existing = pop.candidate(cid)
+    if args.json:
+        emit({"candidate_id": cid, "created": created,
+              "candidate": existing.model_dump(mode="json") if existing else None})
+    else:
+        print(cid)
     if not created:
-        existing = pop.candidate(cid)
         where = existing.directory if existing else "?"
         print(f"identical sources already registered as candidate {cid} ({where})", file=sys.stderr)
     return 0
@@ -125,4 +112,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--notes", help="free text: the idea behind it")
     p.add_argument("--workload", help="workload name (default: from candidates/kda/<workload>/...)")
     p.add_argument("--db", help=DB_HELP)
+    add_json_flag(p)
     p.set_defaults(func=_run)

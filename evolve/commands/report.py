@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from evolve.commands.jsonout import add_json_flag, emit
 from evolve.db import DB_HELP, SchemaVersionError
 from evolve.population import Population
 from evolve.report import render_report
@@ -22,7 +23,10 @@ def _run(args: argparse.Namespace) -> int:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, out)  # readers never see a half-written page
-    print(f"wrote {out} ({len(page):,} bytes)")
+    if args.json:
+        emit({"out": str(out), "bytes": len(page)})
+    else:
+        print(f"wrote {out} ({len(page):,} bytes)")
     return 0
 
 
@@ -32,4 +36,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--workload", help="only this workload (name or id)")
     p.add_argument("--limit", type=int, default=50, help="leaderboard rows (default 50)")
     p.add_argument("--db", help=DB_HELP)
+    add_json_flag(p)
     p.set_defaults(func=_run)

@@ -10,12 +10,15 @@ from contextlib import nullcontext
 
 from kcoral import Client, RemoteError
 
+from evolve.commands.jsonout import add_json_flag, emit
 from evolve.config import ConfigError, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
+from evolve.events import EventHook
 from evolve.families import FamilyError
 from evolve.leaderboard import format_table
-from evolve.loop import SearchLoop
+from evolve.loop import RunSummary, SearchLoop
+from evolve.preflight import PreflightError
 from evolve.population import Population
 
 
@@ -31,7 +34,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="continue this workload's last dead run: retry its interrupted evaluations")
     p.add_argument("--max-evals", type=int, default=None, help="override budget.max_evals")
     p.add_argument("--hours", type=float, default=None, help="override budget.hours")
+    p.add_argument("--on-event", metavar="CMD", default=None,
+                   help="shell command run on promotion, abort and finish; it gets the event as JSON "
+                        "on stdin and in $EVOLVE_EVENT_JSON, its kind in $EVOLVE_EVENT")
+    add_json_flag(p)
     p.set_defaults(func=main)
+
+
+EXIT_ABORTED = 3  # the run stopped itself: preflight failed, or the circuit breaker tripped
 
 
 def _interrupt(signum, frame) -> None:
@@ -67,19 +77,37 @@ def main(args: argparse.Namespace) -> int:
             if not url:
                 print(f"evolve: embedded server at {server_url}", file=sys.stderr)
             with Client(server_url) as client:
-                summary = SearchLoop(config, client, pop, resume=args.resume).run()
+                summary = SearchLoop(config, client, pop, resume=args.resume,
+                                     events=EventHook(args.on_event)).run()
     except EmbeddedServerError as exc:
         print(f"evolve run: error: {exc}", file=sys.stderr)
         return 1
     except RemoteError as exc:
         print(f"evolve run: error: the server at {url or 'the embedded server'} failed: {exc}", file=sys.stderr)
         return 1
+    except PreflightError as exc:
+        for problem in exc.problems:
+            print(f"evolve run: preflight: {problem}", file=sys.stderr)
+        print("evolve run: aborted before the first candidate (preflight failed)", file=sys.stderr)
+        return EXIT_ABORTED
     except KeyboardInterrupt:
         print("\nevolve run: interrupted; continue with --resume", file=sys.stderr)
         return 130
+    if args.json:
+        emit({"summary": summary.model_dump(mode="json"),
+              "leaderboard": [r.model_dump(mode="json") for r in pop.leaderboard(summary.workload_id)]})
+    else:
+        _print_summary(summary, pop)
+    if summary.aborted:
+        # Last, on stderr: the line a morning reader (or a scheduler's log) sees first.
+        print(f"evolve run: run {summary.run_id} {summary.stopped_because}", file=sys.stderr)
+        return EXIT_ABORTED
+    return 0
+
+
+def _print_summary(summary: RunSummary, pop: Population) -> None:
     print(f"run {summary.run_id}: {summary.evaluated} evaluated, {summary.passed} passed, "
           f"{summary.promotions} promoted; stopped: {summary.stopped_because}")
     if summary.gpu_busy is not None:
         print(f"GPU lease held {summary.gpu_busy:.0%} of the run's wall time (the server's count, per GPU)")
     print(format_table(pop.leaderboard(summary.workload_id)))
-    return 0

@@ -87,7 +87,20 @@ def _evaluation_lines(ev: Evaluation) -> list[str]:
     return lines
 
 
-def render_text(pop: Population, cand: Candidate) -> str:
+def _log_lines(pop: Population, ev: Evaluation) -> list[str]:
+    logs = pop.evaluation_logs(ev.id)
+    if logs is None:
+        return []
+    lines: list[str] = []
+    for name in ("traceback", "stdout", "stderr"):
+        text: str = getattr(logs, name)
+        if text.strip():
+            lines.append(f"     --- {name} ---")
+            lines.extend("       " + line for line in text.splitlines())
+    return lines
+
+
+def render_text(pop: Population, cand: Candidate, *, logs: bool = False) -> str:
     workload = pop.workload(cand.workload_id)
     promos = [p for p in pop.promotions(cand.workload_id) if p.candidate_id == cand.id]
     best = pop.best(cand.workload_id)
@@ -118,6 +131,8 @@ def render_text(pop: Population, cand: Candidate) -> str:
         lines.append("  (not evaluated yet)")
     for ev in evaluations:
         lines.extend(_evaluation_lines(ev))
+        if logs:
+            lines.extend(_log_lines(pop, ev))
     lines.append("lineage:")
     ancestors = pop.ancestors(cand.id)
     if not ancestors:
@@ -129,10 +144,18 @@ def render_text(pop: Population, cand: Candidate) -> str:
     return "\n".join(lines)
 
 
-def render_json(pop: Population, cand: Candidate) -> str:
+def _evaluation_json(pop: Population, ev: Evaluation, logs: bool) -> dict[str, Any]:
+    doc = ev.model_dump(mode="json")
+    if logs:
+        stored = pop.evaluation_logs(ev.id)
+        doc["logs"] = None if stored is None else stored.model_dump()
+    return doc
+
+
+def render_json(pop: Population, cand: Candidate, *, logs: bool = False) -> str:
     doc = {
         "candidate": cand.model_dump(mode="json"),
-        "evaluations": [e.model_dump(mode="json") for e in pop.evaluations(cand.id)],
+        "evaluations": [_evaluation_json(pop, e, logs) for e in pop.evaluations(cand.id)],
         "ancestors": [{"depth": d, **a.model_dump(mode="json")} for d, a in pop.ancestors(cand.id)],
         "children": [c.model_dump(mode="json") for c in pop.children(cand.id)],
         "promotions": [p.model_dump(mode="json") for p in pop.promotions(cand.workload_id) if p.candidate_id == cand.id],
@@ -150,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
     if cand is None:
         print(f"evolve show: no candidate with id or directory {args.id!r}", file=sys.stderr)
         return 1
-    print(render_json(pop, cand) if args.json else render_text(pop, cand))
+    print(render_json(pop, cand, logs=args.logs) if args.json else render_text(pop, cand, logs=args.logs))
     return 0
 
 
@@ -158,5 +181,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser("show", help="one candidate: stages, metrics, lineage, logs")
     p.add_argument("id", help="candidate id or directory")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--logs", action="store_true",
+                   help="also print each stage's stored stdout, stderr and traceback in full")
     p.add_argument("--db", help=DB_HELP)
     p.set_defaults(func=_run)

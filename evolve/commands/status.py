@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from typing import Any
 
+from evolve.commands.jsonout import add_json_flag, emit
 from evolve.db import DB_HELP, SchemaVersionError
 from evolve.db.models import utcnow
 from evolve.population import Population
@@ -98,10 +100,35 @@ def render_status(pop: Population, workload_id: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def status_doc(pop: Population, workload_id: int | None = None) -> dict[str, Any]:
+    """What render_status says, as data."""
+    runs = pop.runs(workload_id)[-20:]
+    throughput = pop.run_throughputs(runs)
+    orphaned = {e.id for e in pop.interrupted()}
+    best = []
+    for w in pop.workloads():
+        found = pop.best(w.id) if workload_id is None or w.id == workload_id else None
+        if found is not None:
+            best.append({"workload": w.name, **found.model_dump(mode="json"),
+                         "bench_speedup": pop.bench_speedup(found.candidate_id)})
+    return {
+        "runs": [{**r.model_dump(mode="json"), "alive": pop.run_alive(r),
+                  "throughput": throughput[r.id].model_dump(mode="json")} for r in runs],
+        "evaluations": [c.model_dump(mode="json") for c in pop.status_counts(workload_id)],
+        "in_flight": [{**e.model_dump(mode="json", exclude={"metrics"}), "orphaned": e.id in orphaned}
+                      for e in pop.evaluations_of(workload_id, status="running")],
+        "best": best,
+    }
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         pop = Population.open(args.db)
-        print(render_status(pop, pop.workload_id(args.workload)))
+        workload_id = pop.workload_id(args.workload)
+        if args.json:
+            emit(status_doc(pop, workload_id))
+        else:
+            print(render_status(pop, workload_id))
     except (SchemaVersionError, KeyError) as exc:
         print(f"evolve status: {exc}", file=sys.stderr)
         return 2
@@ -112,4 +139,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser("status", help="runs, evaluation counts, in-flight stages, confirmed best")
     p.add_argument("--workload", help="only this workload (name or id)")
     p.add_argument("--db", help=DB_HELP)
+    add_json_flag(p)
     p.set_defaults(func=_run)

@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -31,7 +32,7 @@ RUN_STATES = ("running", "finished", "failed", "interrupted")
 ORIGINS = ("template", "agent", "seed")
 # Stages that may hold several running/passed rows for one candidate (each run is a new
 # attempt); every other stage is claimed at most once, see the partial unique index below.
-REPEATABLE_STAGES = ("confirm",)
+REPEATABLE_STAGES = ("confirm", "rebench")
 
 # Constraint names are fixed so batch-mode migrations on SQLite can find them again.
 NAMING = MetaData(
@@ -158,10 +159,10 @@ class EvaluationModel(Base):
             "stage",
             unique=True,
             sqlite_where=text(
-                f"{_in('status', ('running', 'passed'))} AND stage NOT IN ('confirm')"
+                f"{_in('status', ('running', 'passed'))} AND {_in('stage', REPEATABLE_STAGES).replace(' IN', ' NOT IN')}"
             ),
             postgresql_where=text(
-                f"{_in('status', ('running', 'passed'))} AND stage NOT IN ('confirm')"
+                f"{_in('status', ('running', 'passed'))} AND {_in('stage', REPEATABLE_STAGES).replace(' IN', ' NOT IN')}"
             ),
         ),
         # Leaderboard: best passed bench per candidate, answered from the index alone.
@@ -192,6 +193,19 @@ class EvaluationModel(Base):
     excessive_sectors: Mapped[int | None] = mapped_column(Integer)
     registers: Mapped[int | None] = mapped_column(Integer)
     spills: Mapped[int | None] = mapped_column(Integer)
+
+
+class EvaluationLogModel(Base):
+    """One evaluation's output: stdout, stderr and traceback, each bounded and
+    zlib-compressed (`evolve.db.logs`); kept apart so listing evaluations never loads them."""
+
+    __tablename__ = "evaluation_logs"
+
+    evaluation_id: Mapped[int] = mapped_column(
+        ForeignKey("evaluations.id", ondelete="CASCADE"), primary_key=True)
+    stdout: Mapped[bytes | None] = mapped_column(LargeBinary)
+    stderr: Mapped[bytes | None] = mapped_column(LargeBinary)
+    traceback: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class PromotionConfirmationModel(Base):

@@ -104,6 +104,19 @@ class Candidate(_Snapshot):
         return self.name or self.family or self.author or f"#{self.id}"
 
 
+class StageLogs(BaseModel):
+    """A stage attempt's full output (stored bounded and compressed, see evolve.db.logs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stdout: str = ""
+    stderr: str = ""
+    traceback: str = ""   # the exception evolve caught, or the candidate's last one
+
+    def empty(self) -> bool:
+        return not (self.stdout or self.stderr or self.traceback)
+
+
 class StageResult(BaseModel):
     """The outcome of one stage attempt, written by `Population.finish_stage`."""
 
@@ -124,6 +137,7 @@ class StageResult(BaseModel):
     excessive_sectors: int | None = None
     registers: int | None = None
     spills: int | None = None
+    logs: StageLogs | None = None
 
     @model_validator(mode="after")
     def _kind_matches_status(self) -> StageResult:
@@ -189,8 +203,9 @@ class LeaderboardRow(_Snapshot):
     ms: float | None
     baseline_ms: float | None
     speedup: float
-    spread: float | None
+    spread: float | None  # the widest spread its passed bench and confirmation runs measured
     excessive_sectors: int | None
+    noisy: bool = False  # that spread is at least its gain over the baseline
     confirmed: bool  # promoted at some point
     best: bool  # the current confirmed best of its workload
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from evolve.pipeline.context import StageContext
+from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TransportTrouble, normalise_kind
 from evolve.pipeline.timings import jsonable
-from evolve.population import Candidate, StageResult
+from evolve.population import Candidate, StageLogs, StageResult
 
 
 def bench_result(rep, against: Path | None = None) -> StageResult:
@@ -30,11 +31,17 @@ def bench_result(rep, against: Path | None = None) -> StageResult:
     fields = dict(ms=rep.kernel_ms, baseline_ms=rep.baseline_ms, speedup=rep.speedup, spread=rep.spread,
                   queue_ms=getattr(rep, "queue_ms", None), lease_held_ms=getattr(rep, "lease_held_ms", None),
                   server_instance=getattr(rep, "server_instance", None), gpu=None if gpu is None else str(gpu))
+    judge_log = str(getattr(rep, "log", "") or "")
+    crash = last_traceback(judge_log)
+    logs = StageLogs(stderr=judge_log, traceback=crash or "")
     if rep.passed:
-        return StageResult(status="passed", metrics=metrics, **fields)
+        return StageResult(status="passed", metrics=metrics, logs=logs, **fields)
     kind = normalise_kind(getattr(rep, "failure_kind", None), "correctness")
-    message = getattr(rep, "message", None) or f"official benchmark failed ({kind})"
-    return StageResult(status="failed", failure_kind=kind, message=str(message)[:4000], metrics=metrics, **fields)
+    message = str(getattr(rep, "message", None) or f"official benchmark failed ({kind})")
+    if crash is not None and exception_line(crash) not in message:
+        message = f"{exception_line(crash)}\n{message}"
+    return StageResult(status="failed", failure_kind=kind, message=message[:4000], metrics=metrics, logs=logs,
+                       **fields)
 
 
 def run(ctx: StageContext, cand: Candidate, against: Path | None = None) -> StageResult:

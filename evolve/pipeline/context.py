@@ -8,7 +8,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from kcoral import Client
 
@@ -90,6 +90,7 @@ class StageContext:
     root_dir: Path = field(default_factory=Path.cwd)
     stats: RunStats = field(default_factory=RunStats)
     cancel: threading.Event = field(default_factory=threading.Event)
+    listener: Callable[[Any], None] | None = None   # gets a StageEvent at each stage start and end
     _target: dict[str, Any] | None = None
     _instance: str | None = None
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from evolve.pipeline.context import StageContext
+from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TransportTrouble, normalise_kind
 from evolve.pipeline.timings import jsonable, outcome_fields
-from evolve.population import Candidate, StageResult
+from evolve.population import Candidate, StageLogs, StageResult
 
 
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
@@ -18,16 +19,24 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
         raise TransportTrouble(rep.message)
     regimes = jsonable(getattr(rep, "regimes", {}) or {})
     timing = outcome_fields(getattr(rep, "outcome", None))
+    crash = last_traceback(rep.stderr or "")
+    logs = StageLogs(stdout=rep.stdout or "", stderr=rep.stderr or "", traceback=crash or "")
     if rep.passed:
-        return StageResult(status="passed", metrics={"regimes": regimes}, **timing)
+        return StageResult(status="passed", metrics={"regimes": regimes}, logs=logs, **timing)
+    bad = {k: v for k, v in regimes.items() if v}
     if rep.timed_out or rep.message.startswith("timeout"):
         kind, message = "timeout", rep.message or f"gputest ran past {cfg.timeout:.0f} s"
     elif not regimes:
         # Nothing judged: the test script or the candidate's import broke.
         kind = normalise_kind(rep.message.split(":")[0], "runtime") if rep.message else "runtime"
         message = f"{rep.message}\n{(rep.stderr or rep.stdout)[-3000:]}"
+        if crash is not None:
+            message = f"{exception_line(crash)}\n{message}"
+    elif crash is not None:
+        # The candidate raised: a crash, not a wrong answer; its exception leads the message.
+        kind = "runtime"
+        message = f"{exception_line(crash)}\n(raised in {len(bad)} of {len(regimes)} regimes)\n{crash[-2500:]}"
     else:
-        bad = {k: v for k, v in regimes.items() if v}
         kind, message = "correctness", f"bad regimes: {bad}" if bad else f"exit {rep.exit_code}: {rep.stderr[-2000:]}"
     return StageResult(status="failed", failure_kind=kind, message=message.strip()[:4000],
-                       metrics={"regimes": regimes, "exit_code": rep.exit_code}, **timing)
+                       metrics={"regimes": regimes, "exit_code": rep.exit_code}, logs=logs, **timing)

@@ -7,8 +7,9 @@ import json
 from kcoral.remote import SendSpec, run_iket
 
 from evolve.pipeline.context import StageContext
+from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.timings import outcome_fields
-from evolve.population import Candidate, StageResult
+from evolve.population import Candidate, StageLogs, StageResult
 
 
 def summarise(trace: bytes) -> dict:
@@ -37,9 +38,12 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     with ctx.gate.slot(ctx.cancel):
         res = run_iket(ctx.client, sends=[SendSpec(directory)], app=list(cfg.app), env={}, timeout=cfg.timeout)
     timing = outcome_fields(res.outcome)
+    crash = last_traceback(res.stderr or "")
+    logs = StageLogs(stdout=getattr(res, "stdout", "") or "", stderr=res.stderr or "", traceback=crash or "")
     if res.exit_code != 0 or not res.traces:
         why = "; ".join(f"{k}: {v}" for k, v in res.errors.items()) or res.stderr[-2000:] or "no trace returned"
         return StageResult(status="failed", failure_kind="timeout" if res.timed_out else "runtime",
-                           message=f"iket exit {res.exit_code}: {why}"[:4000], **timing)
+                           message=(f"{exception_line(crash)}\n" if crash else "") + f"iket exit {res.exit_code}: {why}"[:4000],
+                           logs=logs, **timing)
     summary = {name: summarise(data) for name, data in res.traces.items()}
-    return StageResult(status="passed", metrics={"traces": summary}, **timing)
+    return StageResult(status="passed", metrics={"traces": summary}, logs=logs, **timing)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from kcoral.remote import SendSpec, run_ncu
 
 from evolve.pipeline.context import StageContext
+from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.timings import outcome_fields
-from evolve.population import Candidate, StageResult
+from evolve.population import Candidate, StageLogs, StageResult
 
 
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
@@ -23,12 +24,15 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
         res = run_ncu(ctx.client, sends=[SendSpec(directory)], app=list(cfg.app), ncu_args=args, env={},
                       timeout=cfg.timeout)
     timing = outcome_fields(res.outcome)
+    crash = last_traceback(res.stderr or "")
+    logs = StageLogs(stdout=getattr(res, "stdout", "") or "", stderr=res.stderr or "", traceback=crash or "")
     kernels = [k.model_dump(exclude={"values", "units"}) for k in res.metrics.kernels]
     metrics = {"kernels": kernels, "exit_code": res.exit_code}
     if res.exit_code != 0 or not kernels:
         why = res.metrics_error or res.stderr[-2000:] or "no kernel was profiled"
         return StageResult(status="failed", failure_kind="timeout" if res.timed_out else "runtime",
-                           message=f"ncu exit {res.exit_code}: {why}"[:4000], metrics=metrics, **timing)
+                           message=(f"{exception_line(crash)}\n" if crash else "") + f"ncu exit {res.exit_code}: {why}"[:4000],
+                           logs=logs, metrics=metrics, **timing)
     excessive = sum(k.sectors_excessive or 0 for k in res.metrics.kernels)
     registers = max((k.registers or 0 for k in res.metrics.kernels), default=None)
     duration_ms = sum(k.duration_ns or 0 for k in res.metrics.kernels) / 1e6

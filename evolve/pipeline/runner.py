@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from evolve.digest import verify_sources
 from evolve.pipeline import bench, check, gputest, iket, ncu
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.errors import failure_kind, is_transport_error
-from evolve.population import Candidate, StageResult
+from evolve.population import Candidate, StageLogs, StageResult
+from evolve.stage_progress import StageEvent, StagePhase
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,8 @@ def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
         result = retrying(fn)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded with its kind
         kind = "transport" if is_transport_error(exc) else failure_kind(exc)
-        return StageResult(status="failed", failure_kind=kind, message=f"{type(exc).__name__}: {exc}"[:4000])
+        return StageResult(status="failed", failure_kind=kind, message=f"{type(exc).__name__}: {exc}"[:4000],
+                           logs=StageLogs(traceback="".join(traceback.format_exception(exc))))
     return result
 
 
@@ -70,15 +74,35 @@ def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | No
     eid = ctx.pop.begin_stage(cand.id, stage, run_id=ctx.run_id, retry_of=retry_of)
     if eid is None:
         return None, None
+    _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.STARTED))
     started = time.monotonic()
-    result = attempt(ctx, fn or (lambda: STAGE_FUNCTIONS[stage](ctx, cand)))
+    work = fn or (lambda: STAGE_FUNCTIONS[stage](ctx, cand))
+
+    def verified() -> StageResult:
+        # The folder is run as it is on disk: it must still be what was registered.
+        verify_sources(ctx.candidate_dir(cand), cand.digest, candidate_id=cand.id)
+        return work()
+
+    result = attempt(ctx, verified)
     if stage not in LOCAL_STAGES and result.server_instance is None:
         result = result.model_copy(update={"server_instance": ctx.server_instance()})
     result.metrics.setdefault("wall_s", round(time.monotonic() - started, 3))
     if not ctx.pop.finish_stage(eid, result):
         log.warning("evaluation %s was closed by someone else; result dropped", eid)
     ctx.stats.add_lease(result.lease_held_ms)
+    first_line = next((ln.strip() for ln in result.message.splitlines() if ln.strip()), "")
+    _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.FINISHED, status=result.status,
+                          failure_kind=result.failure_kind, seconds=time.monotonic() - started,
+                          message=first_line[:300] if result.status == "failed" else ""))
     return eid, result
+
+
+def _tell(ctx: StageContext, event: StageEvent) -> None:
+    if ctx.listener is not None:
+        try:
+            ctx.listener(event)
+        except Exception:  # a display problem must never fail a stage
+            log.exception("stage listener failed")
 
 
 def run_pipeline(ctx: StageContext, cand: Candidate, stages: list[str],

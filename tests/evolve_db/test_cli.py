@@ -98,7 +98,7 @@ def test_leaderboard_command(demo: tuple[Path, dict[str, int]], cli) -> None:  #
     lines = table.stdout.splitlines()
     assert lines[2].split()[1] == str(ids["fast"]) and "✓" in lines[2]
     as_json = json.loads(cli("leaderboard", "--json", "--limit", "2").stdout)
-    assert [r["candidate_id"] for r in as_json] == [ids["fast"], ids["slow"]]
+    assert [r["candidate_id"] for r in as_json] == [ids["fast"], ids["seed"]]  # confirmed first
     unknown = cli("leaderboard", "--workload", "nope")
     assert unknown.returncode == 2 and "nope" in unknown.stderr
 
@@ -172,3 +172,23 @@ def test_db_path_keeps_url_characters_and_memory() -> None:
     assert odd.get_backend_name() == "sqlite" and odd.database.endswith("runs/a?b#c.db") and not odd.query
     assert as_url(":memory:").database is None
     assert as_url("sqlite:///x.db").database == "x.db"
+
+
+def test_every_read_and_write_command_speaks_json(demo: tuple[Path, dict[str, int]], cli) -> None:  # type: ignore[no-untyped-def]
+    cwd, ids = demo
+    exp = cwd / "candidates" / "kda" / "forward_cpu_small" / "scratch" / "idea"
+    exp.mkdir(parents=True)
+    (exp / "solution.py").write_text("def setup(data, B, T, H):\n    return lambda: None\n")
+    registered = json.loads(cli("register", str(exp), "--json").stdout)
+    assert registered["created"] is True and isinstance(registered["candidate_id"], int)
+    status = json.loads(cli("status", "--json").stdout)
+    assert status["runs"][0]["id"] == ids["run"] and status["best"][0]["candidate_id"] == ids["fast"]
+    assert any(c["stage"] == "check" for c in status["evaluations"])
+    report = json.loads(cli("report", "--out", str(cwd / "r.html"), "--json").stdout)
+    assert report["out"].endswith("r.html") and report["bytes"] > 1000
+    current = json.loads(cli("db", "current", "--json").stdout)
+    assert current["up_to_date"] is True and current["revision"] == current["head"]
+    upgraded = json.loads(cli("db", "upgrade", "--json").stdout)
+    assert upgraded["before"] == upgraded["after"] == current["head"]
+    assert json.loads(cli("leaderboard", "--json").stdout)[0]["candidate_id"] == ids["fast"]
+    assert json.loads(cli("show", str(ids["fast"]), "--json").stdout)["candidate"]["id"] == ids["fast"]

@@ -14,9 +14,10 @@ from .conftest import finish, make_candidate, populate
 def test_ranked_by_best_passed_bench_with_confirmed_marks(pop: Population, workload: int) -> None:
     ids = populate(pop, workload)
     rows = pop.leaderboard(workload)
-    assert [r.candidate_id for r in rows] == [ids["fast"], ids["slow"], ids["seed"]]
+    # confirmed first (the 1.0x seed was promoted once), then the unconfirmed 1.5x
+    assert [r.candidate_id for r in rows] == [ids["fast"], ids["seed"], ids["slow"]]
     assert [r.rank for r in rows] == [1, 2, 3]
-    fast, slow, seed = rows
+    fast, seed, slow = rows
     assert fast.confirmed and fast.best and fast.excessive_sectors == 6144 and fast.ms == 0.667
     assert seed.confirmed and not seed.best  # promoted once, since overtaken
     assert not slow.confirmed and slow.source == "agent-7"
@@ -78,3 +79,29 @@ def test_best_speedup_column_follows_finish_stage_and_can_be_rebuilt(pop: Popula
     assert pop.leaderboard(workload) == []
     pop.recompute_best_speedups()
     assert pop.leaderboard(workload) == before
+
+
+def _issue_case(pop: Population, workload: int) -> tuple[int, int]:
+    """The issue's morning: a steady promoted 1.2x, and a 1.51x whose confirmation showed a
+    13.7 % gain inside a 71.7 % spread (not promoted)."""
+    steady = make_candidate(pop, workload, "steady")
+    finish(pop, steady, "bench", StageResult(status="passed", ms=1.0, baseline_ms=1.2, speedup=1.2, spread=0.02))
+    c = finish(pop, steady, "confirm", StageResult(status="passed", speedup=1.19, spread=0.03))
+    pop.promote(steady, None, [c], margin=0.02, speedup_over_best=None)
+    lucky = make_candidate(pop, workload, "lucky")
+    finish(pop, lucky, "bench", StageResult(status="passed", ms=0.8, baseline_ms=1.2, speedup=1.51, spread=0.05))
+    finish(pop, lucky, "confirm", StageResult(status="passed", speedup=1.137, spread=0.717))
+    return steady, lucky
+
+
+def test_confirmed_entries_rank_above_unconfirmed_with_spread_and_noise(pop: Population, workload: int) -> None:
+    steady, lucky = _issue_case(pop, workload)
+    rows = pop.leaderboard(workload)
+    assert [r.candidate_id for r in rows] == [steady, lucky]
+    top, second = rows
+    assert top.best and not top.noisy and top.spread == 0.03
+    # its widest measured spread (the confirmation's) swallows its gain: flagged
+    assert second.noisy and second.spread == 0.717 and not second.confirmed
+    lines = format_table(rows).splitlines()
+    assert "spread" in lines[0].split()
+    assert "71.7%" in lines[3] and "noisy" in lines[3] and "noisy" not in lines[2]

@@ -20,6 +20,7 @@ TABLES = {
     "candidates",
     "candidate_parents",
     "evaluations",
+    "evaluation_logs",
     "promotions",
     "promotion_confirmations",
     "alembic_version",
@@ -109,3 +110,26 @@ def test_foreign_tables_without_revision_are_refused(tmp_path: Path) -> None:
     engine.dispose()
     with pytest.raises(SchemaVersionError, match="no evolve schema revision"):
         open_database(url)
+
+
+def test_0003_adds_stage_logs_that_a_finished_stage_fills(db_url: str) -> None:
+    from evolve.population import NewCandidate, StageLogs, StageResult
+
+    db = Database.from_engine(create_evolve_engine(db_url))
+    upgrade(db, "0002")
+    assert upgrade(db) == ("0002", head_revision())
+    db.close()
+    pop = Population.open(db_url)
+    wid = pop.ensure_workload("w", "p")
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest="d", directory="d"))
+    eid = pop.begin_stage(cand.id, "gputest")
+    assert eid is not None
+    logs = StageLogs(stdout="out\n", stderr="Traceback (most recent call last):\nValueError: x\n",
+                     traceback="Traceback (most recent call last):\nValueError: x")
+    assert pop.finish_stage(eid, StageResult(status="failed", failure_kind="runtime", message="ValueError: x",
+                                             logs=logs))
+    assert pop.evaluation_logs(eid) == logs
+    quiet = pop.begin_stage(cand.id, "check")
+    assert quiet is not None and pop.finish_stage(quiet, StageResult(status="passed"))
+    assert pop.evaluation_logs(quiet) is None
+    pop.close()

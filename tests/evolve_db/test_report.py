@@ -31,9 +31,9 @@ def test_empty_database_still_renders(pop: Population) -> None:
     assert page.count("<svg") == 2
 
 
-def test_best_so_far_keeps_only_improvements(pop: Population, workload: int) -> None:
+def test_best_so_far_steps_at_each_promotion(pop: Population, workload: int) -> None:
     populate(pop, workload)
-    by_count, by_time = best_so_far(pop.evaluation_summaries(workload))
+    by_count, by_time = best_so_far(pop.evaluation_summaries(workload), pop.promotions(workload))
     assert [y for _, y in by_count] == [1.0, 3.0]
     assert by_count[0][0] < by_count[1][0]
     assert all(x >= 0 for x, _ in by_time)
@@ -46,3 +46,11 @@ def test_nice_ticks_cover_the_range() -> None:
     assert len(steps) == 1 and steps.pop() in (0.5, 1.0)
     svg = step_plot([(1.0, 1.0), (5.0, 2.0)], title="t", x_label="x", y_label="y")
     assert 'd="M' in svg and "H" in svg
+
+
+def test_best_so_far_follows_confirmed_bests(pop: Population, workload: int) -> None:
+    from .test_leaderboard import _issue_case
+
+    _issue_case(pop, workload)
+    by_count, _ = best_so_far(pop.evaluation_summaries(workload), pop.promotions(workload))
+    assert [y for _, y in by_count] == [1.2]   # the unconfirmed 1.51x does not lift the curve

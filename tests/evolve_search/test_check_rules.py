@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 
+from evolve.digest import source_digest
 from evolve.families import load_family
 from evolve.pipeline import nvcc
 from evolve.pipeline.static_rules import violations
@@ -86,7 +87,7 @@ def test_check_stage_records_resources_and_refuses_bad_candidates(toy_family, tm
 
     def add(directory, family="toy"):
         cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="template", family=family,
-                                                 digest=directory.name, directory=str(directory)))
+                                                 digest=source_digest(directory), directory=str(directory)))
         return cand
 
     good = add(render_candidate(fam, fam.defaults, tmp_path / "gen"))

@@ -61,3 +61,24 @@ def test_promotion_rule():
     assert not decide([_run(1.12, 0.1), _run(1.12, 0.1)], has_best=True, margin=0.05)[0]  # within noise
     assert not decide([_run(2.0), _run(2.0, ok=False)], has_best=True, margin=0.0)[0]
     assert decide([_run(0.5), _run(0.6)], has_best=False, margin=0.05)[0]             # first correct
+
+
+def test_the_tty_line_fits_an_80_column_terminal():
+    from rich.console import Console
+
+    stats = RunStats()
+    stats.evaluated, stats.in_flight, stats.best_ms, stats.best_speedup, stats.promotions = 1234, 3, 1.2493, 2.114, 7
+    for kind, n in (("correctness", 41), ("runtime", 12), ("timeout", 3), ("compile", 9)):
+        stats.failures[kind] += n
+    tty = _Tty()
+    console = Console(file=tty, width=80, force_terminal=True, color_system=None)
+    p = Progress(tty, gpu_slots=1, interval_s=0.0, has_gpu=True, console=console)
+    p.gpu_busy = 0.97
+    p.update(stats, force=True)
+    p.update(stats, force=True)
+    drawn = [seg.split("\x1b[K")[0] for seg in tty.getvalue().split("\r") if seg]
+    assert len(drawn) == 2
+    for line in drawn:
+        # a line as wide as the terminal wraps on some terminals: one column is kept free
+        assert len(line) < 80, (len(line), line)
+        assert "1234" in line and "2.114x" in line and "97%" in line

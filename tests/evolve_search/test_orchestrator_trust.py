@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from evolve.digest import source_digest
 from evolve.families import load_family
 from evolve.pipeline import GpuGate, StageContext, run_stage
 from evolve.population import NewCandidate, Population
@@ -42,7 +43,7 @@ def check_stage(pop: Population, client: Client, cand_dir: Path):
     ctx = StageContext(client=client, pop=pop, workload_id=wid, workload_dir=WORKLOAD, run_id=None,
                        stages=RunConfig.model_fields["stages"].default_factory(), families={},
                        gate=GpuGate(client, 1, 4), transport_wait_s=10)
-    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest=cand_dir.name,
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest=source_digest(cand_dir),
                                              directory=str(cand_dir)))
     return run_stage(ctx, "check", cand)[1]
 
@@ -72,7 +73,7 @@ def test_a_helper_module_cannot_forge_the_leaderboard_or_read_the_token(tmp_path
     pop = population(f"sqlite:///{db_path}")  # created and migrated by Alembic
     wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
     cand_dir = honest_candidate(tmp_path, f"LEAK = {str(leak)!r}\n" + FORGER)
-    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest="sneaky",
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest=source_digest(cand_dir),
                                              directory=str(cand_dir), name="sneaky"))
     config = tmp_path / "check-only.toml"
     config.write_text(f'root = "{REPO}"\nworkload = "candidates/kda/forward_cpu_small"\n'
@@ -129,7 +130,7 @@ def test_a_cheat_that_computes_only_on_poisoned_calls_is_never_promoted(tmp_path
     cand_dir.mkdir(parents=True)
     (cand_dir / "correct.py").write_text((honest / "solution.py").read_text())
     (cand_dir / "solution.py").write_text((REPO / "tests/fixtures/kda_attacks/nan_gate/solution.py").read_text())
-    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest="nan_gate",
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest=source_digest(cand_dir),
                                              directory=str(cand_dir), name="nan_gate"))
     config = tmp_path / "bench.toml"
     config.write_text(f'root = "{REPO}"\nworkload = "candidates/kda/forward_cpu_small"\n'
