@@ -9,6 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.gpu import gpu_available
+
 from kcoral import Client, Program
 from kcoral.extensions import HEADER, OptIn
 from kcoral.wire import dumps, encode_multipart
@@ -18,16 +20,8 @@ from tests.serverproc import ServerProcess
 pytestmark = pytest.mark.gpu
 
 
-def _gpu_available() -> bool:
-    try:
-        import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
-        return False
-
-
-if not _gpu_available():
+if not gpu_available():
     pytest.skip("needs CuPy and a CUDA GPU", allow_module_level=True)
 
 KIND = ("def kind(x):\n    return [type(x).__module__.split('.')[0], str(getattr(x, 'device', ''))]\n"

@@ -38,6 +38,18 @@ def test_registering_an_edited_folder_makes_a_child_of_the_old_candidate(tmp_pat
     assert child.parents == [old] and child.operator == "edit"
 
 
+def _registered_copy(tmp_path):
+    """(db url, population, folder, candidate id): a rendered candidate copied to a folder
+    of its own and registered from there."""
+    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
+    pop = population(db_url)
+    d = tmp_path / "mine"
+    shutil.copytree(render_candidate(load_family(NUMPY_FAMILY), FAST, tmp_path / "gen"), d)
+    pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
+    cid, _ = register_candidate(pop, d, workload="forward_cpu_small")
+    return db_url, pop, d, cid
+
+
 def _mark_evaluated(pop, cid: int) -> None:
     from evolve.population import StageResult
     for stage in ("check", "gputest", "bench"):
@@ -46,12 +58,7 @@ def _mark_evaluated(pop, cid: int) -> None:
 
 
 def test_evaluate_dir_after_an_edit_evaluates_what_is_there_now(tmp_path, cpu_server):
-    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
-    pop = population(db_url)
-    d = tmp_path / "mine"
-    shutil.copytree(render_candidate(load_family(NUMPY_FAMILY), FAST, tmp_path / "gen"), d)
-    pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
-    old, _ = register_candidate(pop, d, workload="forward_cpu_small")
+    db_url, pop, d, old = _registered_copy(tmp_path)
     _mark_evaluated(pop, old)
     # An edit that breaks the import: the old result must not be shown for it.
     (d / "solution.py").write_text("import no_such_module_anywhere\n")
@@ -66,12 +73,7 @@ def test_evaluate_dir_after_an_edit_evaluates_what_is_there_now(tmp_path, cpu_se
 
 
 def test_a_stage_refuses_sources_changed_since_registration(tmp_path, cpu_server):
-    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
-    pop = population(db_url)
-    d = tmp_path / "mine"
-    shutil.copytree(render_candidate(load_family(NUMPY_FAMILY), FAST, tmp_path / "gen"), d)
-    pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
-    cid, _ = register_candidate(pop, d, workload="forward_cpu_small")
+    db_url, pop, d, cid = _registered_copy(tmp_path)
     (d / "solution.py").write_text("import no_such_module_anywhere\n")
     proc = run_cli("evaluate", str(cid), "--remote", cpu_server.url, "--db", db_url, "--json", cwd=tmp_path)
     assert proc.returncode == 1

@@ -4,22 +4,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.gpu import gpu_available
+
 from kcoral import Client, Program
 from tests.serverproc import ServerProcess
 
 pytestmark = pytest.mark.gpu
 
 
-def _gpu_available() -> bool:
-    try:
-        import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
-        return False
-
-
-if not _gpu_available():
+if not gpu_available():
     pytest.skip("needs CuPy and a CUDA GPU", allow_module_level=True)
 
 SAXPY = r"""

@@ -12,19 +12,13 @@ from typing import Iterator
 
 import pytest
 
+from tests.gpu import gpu_available
+
 from kcoral.cli import main
 
 pytestmark = pytest.mark.gpu
 APP = Path(__file__).parent / "gpu_app"
 
-
-def _gpu_available() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "skip"
-        return False
 
 
 def _ncu_available() -> bool:
@@ -34,7 +28,7 @@ def _ncu_available() -> bool:
 
 @pytest.fixture(scope="module")
 def gpu_url() -> Iterator[str]:
-    if not _gpu_available():
+    if not gpu_available():
         pytest.skip("needs CuPy and a CUDA GPU")
     from tests.serverproc import ServerProcess
 
