@@ -153,3 +153,57 @@ def test_a_missing_fla_stops_the_bench_instead_of_changing_the_baseline(monkeypa
     with pytest.raises(CandidateError) as err:
         bl.make_baseline(fake_gpu, gpu)
     assert err.value.kind == "unavailable" and "getpwuid" in err.value.message
+
+
+PROBE = textwrap.dedent("""
+    # Tells through its output whether setup got the judge's lent (memfd) memory.
+    import numpy as np
+
+    def _lent_ranges():
+        out = []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "kda-judge" in line:
+                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                    out.append((lo, hi))
+        return out
+
+    def setup(data, B, T, H):
+        ranges = _lent_ranges()
+        arrays = [v for v in data.values() if isinstance(v, np.ndarray)]
+        lent = any(lo <= a.__array_interface__["data"][0] < hi for a in arrays for lo, hi in ranges)
+        flag = 1.0 if lent else 0.0
+        out, state = data["output"], data["final_state"]
+
+        def fn():
+            out[...] = flag
+            state[...] = flag
+        return fn
+""")
+
+
+def test_the_candidate_works_on_its_hosts_own_memory_not_on_lent_buffers(tmp_path):
+    # On the H200 a kernel reading the judge's CUDA IPC buffers ran 18x slower than on the
+    # same data in its own memory: the host copies each call's inputs in and outputs out.
+    from judge.calls import Session
+    from judge.hostproc import HostProcess
+    from judge.inputs import regime_inputs
+    from judge.spec import load_spec
+
+    be = make_backend("cpu")
+    spec = load_spec(KDA / "forward_cpu_small" / "workload.json")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "solution.py").write_text(PROBE)
+    arena = Arena(be)
+    host = HostProcess(arena, KDA / "judge", "candidate", "cpu", tmp_path, "probe", cand_dir=probe)
+    try:
+        host.request({"op": "load", "dir": host.candidate_dir})
+        one = regime_inputs(be, spec, spec.T, 1)
+        batch = Session(be, spec, arena, host, spec.T, one).batch([lambda: one] * 2)
+    finally:
+        host.close()
+        arena.free_all()
+    for snap in batch.snapshots:
+        assert float(np.asarray(snap["final_state"]).max()) == 0.0, host.log_tail(2000)
+    assert len(batch.snapshots) == 2
