@@ -15,6 +15,7 @@ from starlette.routing import Route
 from kcoral.extensions import HEADER, parse_header
 
 from .auth import BearerAuth
+from .cancel import watch_disconnect
 from .engine import Engine, Reply, RequestLog, error_reply
 from .reqlog import log_event, log_request
 
@@ -77,9 +78,10 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
                     reply = error_reply(413, "request_too_large",
                                         f"request exceeds {engine.config.max_request_bytes} bytes", rid)
                 else:
-                    reply = await engine.execute(body, request.headers.get("content-type"),
-                                                 request.headers.get("idempotency-key"), log,
-                                                 parse_header(request.headers.get(HEADER)))
+                    async with watch_disconnect(request.receive) as gone:
+                        reply = await engine.execute(body, request.headers.get("content-type"),
+                                                     request.headers.get("idempotency-key"), log,
+                                                     parse_header(request.headers.get(HEADER)), gone)
         except Exception as exc:  # noqa: BLE001 - an engine bug answers 500, never a dropped connection
             log.fields["exception"] = traceback.format_exc()[-2000:]
             reply = error_reply(500, "engine", f"{type(exc).__name__}: {exc}", rid)

@@ -15,19 +15,20 @@ import stat
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from kcoral.extensions import OptIn, header_value
 from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
 
 from .blobs import BlobStore, default_blob_dir, memory_dir
+from .cancel import Cancelled, Disconnect, unless_abandoned
 from .config import ServerConfig
 from .gpuinfo import detect_gpus, target_arch, versions
 from .holdout import SALT_FILE_NAME, HoldoutSalt
 from .journal import Journal, StoredResponse
 from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
 from . import privs
-from .pool import WorkerPool, WorkerRun, WorkerSpec
+from .pool import WorkerHandle, WorkerPool, WorkerRun, WorkerSpec
 from .reqlog import log_event, log_request
 from .sandbox import SandboxLimits, SandboxMode, SandboxPolicy
 from .scheduler import LeaseScheduler
@@ -71,6 +72,11 @@ def error_reply(code: int, kind: str, message: str, request_id: str, retry_after
 # complex), server-salted holdout seeds (builtin.holdout_seeds), timeouts up to 3600 s
 # (stock: 900), returning "." as a folder, refs nested in run args, CuPy tensor uploads.
 # Those that are opt-ins (kcoral.extensions.OptIn) apply only to requests that name them.
+# How long a program whose client disconnected keeps running in case a retry with its
+# Idempotency-Key arrives (a dropped connection is usually retried at once, and the retry
+# should get this run's answer rather than start over).
+RETRY_GRACE_SECONDS = 1.0
+
 EXTENSIONS = ("builtins", "cuda_source", "extra_dtypes", "holdout_seeds", "max_timeout_3600", "folder_return_dot",
               "nested_refs", "cupy_tensors")
 
@@ -244,13 +250,16 @@ class Engine:
 
     # ------------------------------------------------------------------ execute
     async def execute(self, body: bytes, content_type: str | None, idem_key: str | None, log: RequestLog,
-                      opt_ins: frozenset[OptIn] = frozenset()) -> Reply:
+                      opt_ins: frozenset[OptIn] = frozenset(), gone: Disconnect | None = None) -> Reply:
+        """Run one program; `gone` is set when the client disconnects, which cancels it."""
         rid = log.request_id
         if self.draining:
             return error_reply(503, "busy", "server is draining", rid, retry_after=5)
         self._enter()
         try:
-            return await self._execute(body, content_type, idem_key, log, opt_ins)
+            return await self._execute(body, content_type, idem_key, log, opt_ins, gone)
+        except Cancelled:
+            return _cancelled(log)
         finally:
             self._leave()
 
@@ -264,14 +273,15 @@ class Engine:
             self._idle.set()
 
     async def _execute(self, body: bytes, content_type: str | None, key: str | None, log: RequestLog,
-                       opt_ins: frozenset[OptIn]) -> Reply:
-        admitted = await self._prepare(body, content_type, key, log, opt_ins)
+                       opt_ins: frozenset[OptIn], gone: Disconnect | None) -> Reply:
+        admitted = await self._prepare(body, content_type, key, log, opt_ins, gone)
         if isinstance(admitted, Reply):
             return admitted
-        return await self._run_admitted(admitted, log)
+        return await self._run_admitted(admitted, log, gone=gone)
 
     async def _prepare(self, body: bytes, content_type: str | None, key: str | None,
-                       log: RequestLog, opt_ins: frozenset[OptIn]) -> "Reply | _Admitted":
+                       log: RequestLog, opt_ins: frozenset[OptIn],
+                       gone: Disconnect | None = None) -> "Reply | _Admitted":
         """Parse, cache blobs, answer replays and CACHE_MISS; else pin blobs and claim the key."""
         rid = log.request_id
         t_start = time.monotonic()
@@ -301,7 +311,8 @@ class Engine:
                     if entry.program_hash != binding:
                         self.blobs.trim()
                         return error_reply(400, "parse", "Idempotency-Key was already used for a different program", rid)
-                    await entry.done.wait()
+                    entry.wanted.set()  # the first attempt finishes for us even if its client leaves
+                    await unless_abandoned(entry.done.wait(), gone)
                     if entry.response is not None:
                         log.fields["replay"] = True
                         self.blobs.trim()
@@ -324,15 +335,18 @@ class Engine:
                 self.journal.begin(key, binding)
             return _Admitted(parsed.program, referenced, key, t_start, opt_ins)
 
-    async def _run_admitted(self, adm: "_Admitted", log: RequestLog, keep_busy: bool = False) -> Reply:
+    async def _run_admitted(self, adm: "_Admitted", log: RequestLog, keep_busy: bool = False,
+                            gone: Disconnect | None = None) -> Reply:
         """Run an admitted program and record its answer under its key (if any).
 
         `keep_busy` stores a 503 too (a job's poller must learn it was refused); a plain
-        request forgets the key instead, so its retry simply runs.
+        request forgets the key instead, so its retry simply runs. So does a cancelled one
+        (the client left before any answer): nothing was returned to anyone, so its retry
+        runs the program again rather than replaying an answer nobody saw.
         """
         key = adm.key
         try:
-            reply = await self._admit_and_run(adm, log)
+            reply = await self._admit_and_run(adm, log, gone)
         except BaseException:
             if key is not None:
                 self.journal.abandon(key)
@@ -414,7 +428,35 @@ class Engine:
             if isinstance(ins, UploadTensor) and ins.blob not in parsed.blobs:
                 check_tensor_size(i, ins, self.blobs.size(ins.blob))
 
-    async def _admit_and_run(self, adm: "_Admitted", log: RequestLog) -> Reply:
+    async def _admit_and_run(self, adm: "_Admitted", log: RequestLog, gone: Disconnect | None = None) -> Reply:
+        """Wait for a worker and run the program on it, then build the answer. While it
+        waits or runs, a disconnected client cancels it (`unless_abandoned`): the worker's
+        sandbox is killed and its lease released as at a timeout."""
+        ran = await unless_abandoned(self._dispatch(adm, log), gone, self._retry_waits(adm.key))
+        if isinstance(ran, Reply):
+            return ran
+        return await self._answer(adm, log, ran)
+
+    def _retry_waits(self, key: str | None) -> "Callable[[], Awaitable[bool]] | None":
+        """For a keyed request: does a retry with the same key wait for this answer (now,
+        or within the grace period)? Then the program runs on for it."""
+        if key is None:
+            return None
+
+        async def waits() -> bool:
+            entry = self.journal.get(key)
+            if entry is None:
+                return False
+            try:
+                await asyncio.wait_for(entry.wanted.wait(), RETRY_GRACE_SECONDS)
+            except asyncio.TimeoutError:
+                return False
+            return True
+
+        return waits
+
+    async def _dispatch(self, adm: "_Admitted", log: RequestLog) -> "Reply | _Ran":
+        """Check out a worker and run the program on it (503 when none became free)."""
         program, referenced = adm.program, adm.referenced
         rid = log.request_id
         workers = max(1, len(self.specs))
@@ -444,10 +486,22 @@ class Engine:
             fds = [os.open(self.blobs.path(d), os.O_RDONLY | os.O_CLOEXEC) for d in unique]
             run = await worker.run(job, program.options.timeout_seconds, self.leases, self.salt.seeds,
                                    self.config.max_response_bytes, fds)
+        except asyncio.CancelledError:
+            log.fields["elapsed_ms"] = round((time.monotonic() - t_dispatch) * 1e3, 3)
+            asyncio.get_running_loop().run_in_executor(None, worker.remove_files)
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
-            self.pool.release(worker)
+            self.pool.release(worker)  # ends the worker's sandbox (and so its program) now
+        assert run is not None
+        return _Ran(worker, run, queue_ms, t_dispatch)
+
+    async def _answer(self, adm: "_Admitted", log: RequestLog, ran: "_Ran") -> Reply:
+        """The response for a program that ran (or timed out, or crashed)."""
+        program, referenced, rid = adm.program, adm.referenced, log.request_id
+        worker, run, queue_ms, t_dispatch = ran.worker, ran.run, ran.queue_ms, ran.t_dispatch
+        limit = program.options.output_limit_bytes
         for digest in run.bad_blobs:
             if digest in referenced:
                 self.blobs.discard(digest)
@@ -501,6 +555,24 @@ class Engine:
             + [(f"return:{i}", "application/octet-stream", data) for i, data in enumerate(run.parts)]
         )
         return Reply(200, b"".join(chunks), ctype, headers)
+
+
+@dataclass
+class _Ran:
+    """A program that went through a worker, before its answer is built."""
+
+    worker: WorkerHandle
+    run: WorkerRun
+    queue_ms: float
+    t_dispatch: float
+
+
+def _cancelled(log: RequestLog) -> Reply:
+    """What a cancelled request answers: nobody reads it (the client is gone); it gives the
+    log line its status. 499 is the usual code for "client closed the request"."""
+    log.fields["status"] = "CANCELLED"
+    return error_reply(499, "cancelled", "the client disconnected before the answer; the program was stopped",
+                       log.request_id)
 
 
 @dataclass

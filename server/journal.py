@@ -55,6 +55,9 @@ class JournalEntry:
     created: float
     response: StoredResponse | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when a retry waits for this entry: a first attempt whose client disconnected then
+    # finishes for the retry instead of being cancelled.
+    wanted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Journal:
