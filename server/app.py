@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -77,6 +77,9 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
                 except _TooLarge:
                     reply = error_reply(413, "request_too_large",
                                         f"request exceeds {engine.config.max_request_bytes} bytes", rid)
+                except ClientDisconnect:  # gone while sending the body: nothing ran
+                    log.fields["status"] = "CANCELLED"
+                    reply = error_reply(499, "cancelled", "the client disconnected while sending the request", rid)
                 else:
                     async with watch_disconnect(request.receive) as gone:
                         reply = await engine.execute(body, request.headers.get("content-type"),
