@@ -10,6 +10,7 @@ from typing import Any
 
 _EXPORTS = {
     "Client": "client", "RemoteError": "errors", "TransportError": "errors",
+    "Cancelled": "errors",
     "Program": "program", "Register": "program", "FileValue": "values", "FolderValue": "values",
     "ErrorInfo": "wire", "Outcome": "wire",
 }

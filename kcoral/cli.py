@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 124  # the remote app ran past its time limit (as timeout(1) does)
 EXIT_TOOL_FAILURE = 125  # the server refused or failed the request, or could not be reached
+EXIT_INTERRUPTED = 130  # Ctrl-C (as a shell reports SIGINT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,6 +179,9 @@ def _run(args: argparse.Namespace) -> int:
         return fail(f"remote failure [{exc.kind}]{rid}: {exc.message}")
     except (IketError, NcuError, OSError) as exc:
         return fail(f"error: {exc}", 1)
+    except KeyboardInterrupt:
+        # The interrupted call closed its connection: the server stops the program.
+        return fail("interrupted; the remote program is cancelled", EXIT_INTERRUPTED)
     return int(code or 0)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from typing import Any
 
@@ -9,9 +10,10 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay
 
 from . import extensions
+from .abort import tracking_transport
 from .capabilities import UNKNOWN, ServerCapabilities, is_stock_health
 from .compat import adapt_program
-from .errors import RemoteError, TransportError
+from .errors import Cancelled, RemoteError, TransportError
 from .program import Program
 from .values import decode_value
 from .wire import RETURN_PART_RE, Outcome, WireError, dumps, encode_multipart, loads_strict, parse_header_params, parse_multipart
@@ -51,12 +53,28 @@ class Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         # Our extensions that change the answers' shapes; a stock server ignores the header.
         headers[extensions.HEADER] = extensions.header_value(set(extensions.OptIn))
-        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(30.0))
+        # Its sockets can be shut down from another thread (abort()), which a plain close cannot.
+        transport, self._backend = tracking_transport()
+        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(30.0), transport=transport)
         self._capabilities: ServerCapabilities | None = None
+        self._aborted = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         self._http.close()
+
+    def abort(self) -> None:
+        """End every call in flight now, from any thread, and refuse new ones.
+
+        Each connection is shut down, so a call blocked in another thread raises
+        `Cancelled` at once and the server sees the disconnect (ours then cancels the
+        program). A call interrupted in its own thread (KeyboardInterrupt) needs no
+        abort: httpx closes the connection it was reading as the exception passes."""
+        self._aborted.set()
+        if self._backend is not None:
+            self._backend.shutdown_all()
+        else:
+            self._http.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -78,8 +96,18 @@ class Client:
             wait=self._wait,
             reraise=True,
         )
+        def guarded() -> Any:
+            if self._aborted.is_set():
+                raise Cancelled()
+            try:
+                return fn()
+            except httpx.HTTPError:
+                if self._aborted.is_set():  # our own abort(), not a failure to retry
+                    raise Cancelled() from None
+                raise
+
         try:
-            return retrying(fn)
+            return retrying(guarded)
         except _Busy as busy:
             raise busy.error from None
         except httpx.TimeoutException as exc:

@@ -22,3 +22,11 @@ class TransportError(RemoteError):
 
     def __init__(self, message: str, request_id: str | None = None) -> None:
         super().__init__("transport", message, None, request_id)
+
+
+class Cancelled(RemoteError):
+    """The call was ended by `Client.abort()` (kind `cancelled`); the server, seeing the
+    connection close, stops the program."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled", "the call was aborted by the client")

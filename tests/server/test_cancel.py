@@ -2,15 +2,20 @@
 GPU lease is released, and an idempotent retry runs the program again."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from typing import Any, Callable
 
 import httpx
 import pytest
 
-from kcoral import Client
+from kcoral import Cancelled, Client
 from kcoral.wire import dumps, encode_multipart
-from tests.serverproc import ServerProcess
+from tests.serverproc import REPO_ROOT, ServerProcess
 
 from .helpers import assert_gone_then_kill, function_program, processes_with_argv, unique_sleep
 
@@ -76,3 +81,45 @@ def test_retry_after_a_cancel_runs_the_program_again(server) -> None:
     _post_and_drop(server.url, program, after=1.0, key="cancel-retry-1")
     assert processes_with_argv("sleep", secs), "the retry did not run the program again"
     assert_gone_then_kill(("sleep", secs), within=3, why="the retry's program outlived its client")
+
+
+def test_abort_from_another_thread_cancels_the_call_and_the_program(server) -> None:
+    secs = unique_sleep()
+    errors: list[BaseException] = []
+    client = Client(server.url)
+
+    def call() -> None:
+        try:
+            client.execute(function_program(SLEEPER, args=[secs]), timeout_seconds=60)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the test
+            errors.append(exc)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    assert _wait_for(lambda: bool(processes_with_argv("sleep", secs)), 10)
+    client.abort()
+    worker.join(2)
+    assert not worker.is_alive(), "abort() did not end the blocked call"
+    assert len(errors) == 1 and isinstance(errors[0], Cancelled), errors
+    assert_gone_then_kill(("sleep", secs), within=3, why="the program outlived the aborted call")
+    client.close()
+
+
+def test_ctrl_c_of_kcoral_python_ends_promptly_and_cancels(server, tmp_path) -> None:
+    secs = unique_sleep()
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "go.py").write_text(f"import subprocess\nsubprocess.run(['sleep', '{secs}'])\n")
+    env = {**os.environ, "KCORAL_REMOTE": server.url,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "kcoral", "python", "--send", "job", "--", "go.py"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: bool(processes_with_argv("sleep", secs)), 15)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=3)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and "interrupted" in err, err[-2000:]
+    assert_gone_then_kill(("sleep", secs), within=3, why="the program outlived kcoral python's Ctrl-C")
