@@ -359,9 +359,15 @@ class SearchLoop:
             try:
                 executor.shutdown(wait=True, cancel_futures=True)
             except KeyboardInterrupt:
-                self.stream.write("evolve: abandoned the stages in flight\n")
+                self.stream.write("evolve: abandoned the stages in flight (the server cancels their programs; "
+                                  "--resume retries them)\n")
                 self.stream.flush()
-                os._exit(130)  # worker threads blocked in HTTP calls would hold a normal exit
+                # Exiting closes every connection, which is what makes the server cancel the
+                # programs (not Client.abort(): its threads would wake and record a failure
+                # first). Their rows stay "running" in this interrupted run: --resume marks
+                # them interrupted and retries them; no thread lives to record a result.
+                # (A normal exit would wait for worker threads blocked in HTTP calls.)
+                os._exit(130)
             raise
         except BaseException:
             self.cancel.set()
