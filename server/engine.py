@@ -66,17 +66,17 @@ def error_reply(code: int, kind: str, message: str, request_id: str, retry_after
     return Reply(code, dumps(body), headers=headers)
 
 
+# How long a program whose client disconnected keeps running in case a retry with its
+# Idempotency-Key arrives (a dropped connection is usually retried at once, and the retry
+# should get this run's answer rather than start over).
+RETRY_GRACE_SECONDS = 1.0
+
 # What this server offers beyond the released KCoral protocol, announced in /health so a
 # client uses each only where it is there (a stock server has no such key): `builtin.*`
 # run targets, CUDA-source module uploads, array dtypes stock lacks (uint16/32/64,
 # complex), server-salted holdout seeds (builtin.holdout_seeds), timeouts up to 3600 s
 # (stock: 900), returning "." as a folder, refs nested in run args, CuPy tensor uploads.
 # Those that are opt-ins (kcoral.extensions.OptIn) apply only to requests that name them.
-# How long a program whose client disconnected keeps running in case a retry with its
-# Idempotency-Key arrives (a dropped connection is usually retried at once, and the retry
-# should get this run's answer rather than start over).
-RETRY_GRACE_SECONDS = 1.0
-
 EXTENSIONS = ("builtins", "cuda_source", "extra_dtypes", "holdout_seeds", "max_timeout_3600", "folder_return_dot",
               "nested_refs", "cupy_tensors")
 
