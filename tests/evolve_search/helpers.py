@@ -88,3 +88,30 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "cond
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def run_until_a_bench(tmp: Path, server, stderr=subprocess.PIPE):
+    """(process, population, the bench evaluation in flight): an `evolve run` of a small
+    chunked space started against `server`, waited on until one of its benches runs."""
+    cfg = write_config(tmp, max_evals=3, confirm_runs=1, gputest=False,
+                       fixed='{ algorithm = "chunked", dtype = "float32" }', subspace='{ chunk = [16, 32] }')
+    db_url = f"sqlite:///{tmp / 'evolve.db'}"
+    proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", server.url, "--db", db_url),
+                            cwd=tmp, env=cli_env(), stdout=subprocess.PIPE if stderr is subprocess.PIPE else subprocess.DEVNULL,
+                            stderr=stderr, text=True)
+    pop = population(db_url)
+
+    def in_bench():
+        try:
+            wid = pop.workload_id("forward_cpu_small")
+        except KeyError:
+            return None
+        return [e for e in pop.evaluations_of(wid, status="running") if e.stage == "bench"]
+
+    try:
+        victim = wait_for(in_bench, timeout=60, interval=0.05, what="a bench in flight")[0]
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc, pop, victim

@@ -4,7 +4,7 @@ from __future__ import annotations
 import signal
 import subprocess
 
-from tests.evolve_search.helpers import cli_env, evolve_cmd, population, run_cli, wait_for, write_config
+from tests.evolve_search.helpers import cli_env, evolve_cmd, population, run_cli, run_until_a_bench, wait_for, write_config
 
 REMOTE_STAGES = ("gputest", "bench", "confirm")
 
@@ -79,22 +79,8 @@ def test_sigkill_mid_stage_then_resume(tmp_path, cpu_server):
 
 
 def test_sigterm_stops_gracefully_and_marks_the_run_interrupted(tmp_path, cpu_server):
-    cfg = write_config(tmp_path, max_evals=3, confirm_runs=1, gputest=False,
-                       fixed='{ algorithm = "chunked", dtype = "float32" }', subspace='{ chunk = [16, 32] }')
-    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
-    proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", cpu_server.url, "--db", db_url),
-                            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pop = population(db_url)
-
-    def in_bench():
-        try:
-            wid = pop.workload_id("forward_cpu_small")
-        except KeyError:
-            return None
-        return [e for e in pop.evaluations_of(wid, status="running") if e.stage == "bench"]
-
+    proc, pop, victim = run_until_a_bench(tmp_path, cpu_server)
     try:
-        victim = wait_for(in_bench, timeout=60, interval=0.05, what="a bench in flight")[0]
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:

@@ -3,10 +3,9 @@ cancels their programs at once, and nothing of them is recorded as a result."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 
-from tests.evolve_search.helpers import cli_env, evolve_cmd, population, wait_for, write_config
+from tests.evolve_search.helpers import run_until_a_bench, wait_for
 
 
 def _cancelled_lines(server) -> int:
@@ -14,25 +13,11 @@ def _cancelled_lines(server) -> int:
 
 
 def test_second_signal_cancels_the_stages_in_flight(tmp_path, cpu_server):
-    cfg = write_config(tmp_path, max_evals=3, confirm_runs=1, gputest=False,
-                       fixed='{ algorithm = "chunked", dtype = "float32" }', subspace='{ chunk = [16, 32] }')
-    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
     err_path = tmp_path / "stderr.txt"
     cancelled_before = _cancelled_lines(cpu_server)
     with open(err_path, "w") as err_file:
-        proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", cpu_server.url, "--db", db_url),
-                                cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=err_file)
-    pop = population(db_url)
-
-    def in_bench():
-        try:
-            wid = pop.workload_id("forward_cpu_small")
-        except KeyError:
-            return None
-        return [e for e in pop.evaluations_of(wid, status="running") if e.stage == "bench"]
-
+        proc, pop, victim = run_until_a_bench(tmp_path, cpu_server, stderr=err_file)
     try:
-        victim = wait_for(in_bench, timeout=60, interval=0.05, what="a bench in flight")[0]
         # ... and its program on the server (not still being packed on this side).
         wait_for(lambda: any(w["status"] == "busy" for w in cpu_server.health()["workers"]),
                  timeout=30, interval=0.02, what="the bench's program on the server")
