@@ -16,7 +16,6 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TextIO
 
 from kcoral import Client

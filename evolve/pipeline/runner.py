@@ -11,7 +11,6 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 from pydantic import BaseModel
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential

@@ -16,8 +16,6 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 import kcoral
 from kcoral import Client, Program
 

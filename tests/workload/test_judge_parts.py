@@ -3,7 +3,6 @@ clock rule, and the runner refusing a report the judge did not sign."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from judge.__main__ import sign
 from judge.backend import make_backend
 from judge.calls import Batch
 from judge.channel import Channel
-from judge.memory import Arena, Mapper
+from judge.memory import Arena
 from judge.spec import Timing
 from judge.timing import clock_figure
 
