@@ -10,7 +10,7 @@ from evolve.render import render_candidate
 from tests.evolve_search.conftest import NUMPY_FAMILY
 from tests.evolve_search.helpers import WORKLOAD, population, run_cli
 
-FAST = dict(algorithm="chunked", chunk=16, decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
+FAST = dict(algorithm="chunked", chunk=16, batching="per_chunk", decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
 
 
 def test_a_rendered_candidate_registered_as_is_is_the_same_candidate(tmp_path):

@@ -9,7 +9,7 @@ from evolve.render import render_candidate
 from tests.evolve_search.conftest import NUMPY_FAMILY
 from tests.evolve_search.helpers import WORKLOAD, population, run_cli
 
-FAST = dict(algorithm="chunked", chunk=16, decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
+FAST = dict(algorithm="chunked", chunk=16, batching="per_chunk", decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
 
 
 def test_rebench_reruns_the_bench_of_an_evaluated_candidate_with_progress_lines(tmp_path, cpu_server):

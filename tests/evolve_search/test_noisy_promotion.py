@@ -19,8 +19,8 @@ from tests.serverproc import ServerProcess
 
 # The best is the token loop (about 10 ms here); the fixture is about 2x faster than it when
 # fast and several times slower when slow.
-BASE = dict(algorithm="recurrent", chunk=8, decay_form="pairwise", contract="matmul", solve="linalg", dtype="float32")
-FAST = dict(algorithm="chunked", chunk=16, decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
+BASE = dict(algorithm="recurrent", chunk=8, batching="per_chunk", decay_form="pairwise", contract="matmul", solve="linalg", dtype="float32")
+FAST = dict(algorithm="chunked", chunk=16, batching="per_chunk", decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
 
 
 def noisy_fixture(dest: Path, fast_dir: Path, mode_file: Path) -> Path:

@@ -70,20 +70,36 @@ def test_saturated_gate_stays_finite(rendered):
 
 
 def test_the_space_has_slow_and_fast_points(rendered):
+    """The README's main job must be able to find something: the defaults are slower than the
+    CPU twin's baseline (the judge's fp32 chunked reference) and the best-known point is
+    clearly faster, on the same inputs, best of several calls each."""
+    import sys
+
+    from tests.evolve_search.conftest import REPO
+    sys.path.insert(0, str(REPO / "candidates" / "kda"))
+    try:
+        from judge.reference import chunked_f32
+    finally:
+        sys.path.remove(str(REPO / "candidates" / "kda"))
+
     data = make_inputs(T=512, seed=1)
     fam = load_family(NUMPY_FAMILY)
     by_point = {tuple(sorted(p.items())): d for d, p in rendered.items()}
 
-    def timed(point):
-        fn = _load(by_point[tuple(sorted(point.items()))]).setup(data, 1, 512, 4)
+    def best_of(fn, n=7):
         best = float("inf")
-        for _ in range(3):
+        for _ in range(n):
             t0 = time.perf_counter()
             fn()
             best = min(best, time.perf_counter() - t0)
         return best
 
+    def timed(point):
+        return best_of(_load(by_point[tuple(sorted(point.items()))]).setup(data, 1, 512, 4))
+
+    baseline = best_of(lambda: chunked_f32(np, data, float(data["scale"]), chunk=64))
     seed = timed(fam.defaults)
-    fast = timed(dict(fam.defaults, chunk=16, decay_form="factored", contract="matmul", solve="linalg",
-                      dtype="float32"))
-    assert fast < seed / 2, (fast, seed)
+    fast = timed(dict(fam.defaults, chunk=16, batching="all_chunks", decay_form="factored", contract="matmul",
+                      solve="substitution", dtype="float32"))
+    assert seed > baseline, (seed, baseline)
+    assert fast * 1.5 < baseline, (fast, baseline)

@@ -19,7 +19,7 @@ from kcoral import Client
 from tests.evolve_search.conftest import NUMPY_FAMILY, REPO
 from tests.evolve_search.helpers import WORKLOAD, cli_env, evolve_cmd, population
 
-FAST = dict(algorithm="chunked", chunk=16, decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
+FAST = dict(algorithm="chunked", chunk=16, batching="per_chunk", decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
 EVOLVE_SECRET = "orchestrator-token-never-leaves-0123"
 
 

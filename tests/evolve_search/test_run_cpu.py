@@ -9,7 +9,7 @@ from tests.evolve_search.helpers import run_cli, write_config
 
 def test_run_finds_a_candidate_better_than_its_seed(tmp_path):
     # A small float64 subspace around the seed (pairwise einsum with a row-loop solve,
-    # 8-token chunks), where most points are well faster; proposals are seeded, so the
+    # 16-token chunks), where most points are well faster; proposals are seeded, so the
     # test is deterministic up to timing noise.
     # gputest is off here (the resume test covers it) to keep the suite short.
     cfg = write_config(tmp_path, max_evals=3, confirm_runs=1, gputest=False,
@@ -26,7 +26,7 @@ def test_run_finds_a_candidate_better_than_its_seed(tmp_path):
     wid = pop.workload("forward_cpu_small").id
     cands = pop.candidates(wid)
     seed = next(c for c in cands if c.operator == "seed")
-    assert seed.params["chunk"] == 8 and seed.params["contract"] == "einsum"
+    assert seed.params["chunk"] == 16 and seed.params["contract"] == "einsum"
     seed_bench = [e for e in pop.evaluations(seed.id, "bench") if e.status == "passed"]
     assert seed_bench, "the seed must pass the official benchmark"
     # found: a candidate whose bench (speedup over the same baseline) clearly beats the seed's
