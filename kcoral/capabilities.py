@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Extension names our server announces (server/engine.py EXTENSIONS).
+from .extensions import OptIn
+from .wire import MAX_TIMEOUT_SECONDS
+
+# Extension names our server announces in /health (it announces SERVER_EXTENSIONS).
 BUILTINS = "builtins"                    # run targets "builtin.<name>"
 CUDA_SOURCE = "cuda_source"              # module uploads with language="cuda"
 EXTRA_DTYPES = "extra_dtypes"            # uint16/32/64, complex64/128 tensors
@@ -17,7 +20,6 @@ HOLDOUT_SEEDS = "holdout_seeds"          # builtin.holdout_seeds (server-salted 
 MAX_TIMEOUT_3600 = "max_timeout_3600"    # timeout_seconds honoured up to 3600 s
 FOLDER_RETURN_DOT = "folder_return_dot"  # a folder return of "." (the whole workspace)
 
-OUR_MAX_TIMEOUT = 3600.0
 STOCK_MAX_TIMEOUT = 900.0  # a stock server's default --max-timeout-seconds (it clamps silently)
 # The released protocol from 0.1.1 on gives every instruction an id, file uploads included;
 # 0.1.0 refuses an id there.
@@ -66,7 +68,7 @@ class ServerCapabilities:
 
     @property
     def max_timeout(self) -> float:
-        return OUR_MAX_TIMEOUT if self.has(MAX_TIMEOUT_3600) else STOCK_MAX_TIMEOUT
+        return MAX_TIMEOUT_SECONDS if self.has(MAX_TIMEOUT_3600) else STOCK_MAX_TIMEOUT
 
     @property
     def file_upload_ids(self) -> bool:
@@ -93,9 +95,13 @@ class ServerCapabilities:
         return f"stock KCoral {self.stock_version or '(version unknown)'}"
 
 
+# Everything our server offers beyond the released protocol; those that are opt-ins apply
+# only to requests that name them (KCoral-Extensions).
+SERVER_EXTENSIONS = (BUILTINS, CUDA_SOURCE, EXTRA_DTYPES, HOLDOUT_SEEDS, MAX_TIMEOUT_3600, FOLDER_RETURN_DOT,
+                     *(o.value for o in OptIn if o.value != EXTRA_DTYPES))
+
 # Before the first answer, or when /health could not be read: send programs as they are.
-UNKNOWN = ServerCapabilities(ours=True, extensions=frozenset(
-    {BUILTINS, CUDA_SOURCE, EXTRA_DTYPES, HOLDOUT_SEEDS, MAX_TIMEOUT_3600, FOLDER_RETURN_DOT}))
+UNKNOWN = ServerCapabilities(ours=True, extensions=frozenset(SERVER_EXTENSIONS))
 
 
 def capabilities_of(client: Any) -> ServerCapabilities | None:

@@ -21,7 +21,7 @@ from .errors import RemoteError
 from .ncu import KEY_METRICS, NcuError, NcuMetrics, parse_raw_csv
 from .program import Program
 from .runners import bundle_source
-from .wire import Outcome
+from .wire import MAX_TIMEOUT_SECONDS, Outcome
 
 # Set by the server for each worker; a client value would point the app at another GPU.
 # CUDA_DEVICE_ORDER too: it changes which GPU an index in CUDA_VISIBLE_DEVICES names.
@@ -29,7 +29,6 @@ REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
 # Credentials and evolve's settings (its database above all) never reach a remote app:
 # what the app can read, the candidate it imports can read.
 PRIVATE_ENV_PREFIXES = ("KCORAL_TOKEN", "KCORAL_SERVER_TOKEN", "EVOLVE_")
-MAX_TIMEOUT = 3600.0  # our server's ceiling; a server may clamp to less (Client.max_timeout)
 
 
 class ToolInputError(ValueError):
@@ -118,9 +117,9 @@ def check_env(env: Mapping[str, str], token: str | None = None) -> None:
 
 
 def server_max_timeout(client: Any) -> float:
-    """The server's timeout ceiling (stock: 900 s); MAX_TIMEOUT for a client that cannot say."""
+    """The server's timeout ceiling (stock: 900 s); our server's for a client that cannot say."""
     ask = getattr(client, "max_timeout", None)
-    return float(ask()) if callable(ask) else MAX_TIMEOUT
+    return float(ask()) if callable(ask) else MAX_TIMEOUT_SECONDS
 
 
 def require_gpu(client: Any, tool: str) -> None:

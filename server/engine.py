@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from kcoral.capabilities import SERVER_EXTENSIONS
 from kcoral.extensions import OptIn, header_value
 from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
 
@@ -71,14 +72,8 @@ def error_reply(code: int, kind: str, message: str, request_id: str, retry_after
 # should get this run's answer rather than start over).
 RETRY_GRACE_SECONDS = 1.0
 
-# What this server offers beyond the released KCoral protocol, announced in /health so a
-# client uses each only where it is there (a stock server has no such key): `builtin.*`
-# run targets, CUDA-source module uploads, array dtypes stock lacks (uint16/32/64,
-# complex), server-salted holdout seeds (builtin.holdout_seeds), timeouts up to 3600 s
-# (stock: 900), returning "." as a folder, refs nested in run args, CuPy tensor uploads.
-# Those that are opt-ins (kcoral.extensions.OptIn) apply only to requests that name them.
-EXTENSIONS = ("builtins", "cuda_source", "extra_dtypes", "holdout_seeds", "max_timeout_3600", "folder_return_dot",
-              "nested_refs", "cupy_tensors")
+# What this server offers beyond the released KCoral protocol is announced in /health
+# (kcoral.capabilities.SERVER_EXTENSIONS), so a client uses each only where it is there.
 
 
 class Engine:
@@ -235,7 +230,7 @@ class Engine:
             "workers": self.pool.describe(),
             "blob_cache": {"blobs": len(self.blobs), "bytes": self.blobs.used_bytes, "capacity": self.blobs.capacity},
             "sandbox": self.sandbox.describe(),
-            "extensions": list(EXTENSIONS),
+            "extensions": list(SERVER_EXTENSIONS),
         }
 
     # ------------------------------------------------------------------ drain
