@@ -20,9 +20,7 @@ from .backend import BF16, Backend, bits_view, poison, write_into
 from .compare import check_output
 from .hostproc import HostProcess
 from .inputs import INPUT_NAMES
-import numpy as np
-
-from .memory import DTYPES, Arena, plan_bytes
+from .memory import Arena, place, plan_bytes
 from .reference import chunked_f32, recurrence_f64
 from .spec import WorkloadSpec
 
@@ -134,13 +132,7 @@ class Session:
 
 def _split(private, descs: dict, block_offset: int) -> dict:
     """Views of a private copy of a result block, placed as its descriptors place them."""
-    out = {}
-    for name, d in descs.items():
-        dt = DTYPES[d["dtype"]]
-        off = d["offset"] - block_offset
-        n = int(np.prod(d["shape"])) * dt.itemsize
-        out[name] = private[off:off + n].view(dt).reshape(d["shape"])
-    return out
+    return {name: place(private, d, block_offset) for name, d in descs.items()}
 
 
 def _is_ms(x) -> bool:

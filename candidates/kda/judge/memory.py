@@ -54,6 +54,16 @@ class Buffer:
         return arr, {"buf": self.id, "offset": offset, "shape": list(shape), "dtype": dtype_name(dt)}
 
 
+def place(block, desc: dict, block_offset: int = 0):
+    """The array a descriptor names, as a view of `block`: a uint8 copy (or the whole) of
+    the lent buffer whose byte 0 is the buffer's byte `block_offset`."""
+    dt = DTYPES[desc["dtype"]]
+    shape = tuple(int(x) for x in desc["shape"])
+    off = int(desc["offset"]) - block_offset
+    n = int(np.prod(shape)) * dt.itemsize
+    return block[off:off + n].view(dt).reshape(shape)
+
+
 def plan_bytes(layout: list[tuple[tuple[int, ...], Any]]) -> int:
     return sum(-(-int(np.prod(s)) * np.dtype(d).itemsize // ALIGN) * ALIGN for s, d in layout) or ALIGN
 
@@ -136,9 +146,4 @@ class Mapper:
                 self.be.xp.cuda.runtime.ipcCloseMemHandle(base.data.ptr)
 
     def view(self, desc: dict):
-        base = self.bases[int(desc["buf"])]
-        dt = DTYPES[desc["dtype"]]
-        shape = tuple(int(s) for s in desc["shape"])
-        off = int(desc["offset"])
-        n = int(np.prod(shape)) * dt.itemsize
-        return base[off:off + n].view(dt).reshape(shape)
+        return place(self.bases[int(desc["buf"])], desc)
