@@ -69,6 +69,15 @@ def test_host_times_stand_when_the_judge_clock_agrees():
     assert f.clock == "host" and f.ms == 10.5  # median of the 4 timed calls
 
 
+def test_work_done_in_a_few_calls_counts_for_all_of_them():
+    # Every input set of a batch is mapped in the host: a candidate can compute the whole
+    # batch in its warm-up call and answer the timed calls from memory. The judge's clock
+    # agrees with the host's total, but the median was of empty calls (0.1 ms, not 10).
+    null = _batch([0.0] * 5, wall_ms=5.0)
+    f = clock_figure(_batch([49.6, 0.1, 0.1, 0.1, 0.1], wall_ms=5.0 + 50.0), null, TIMING)
+    assert f.clock == "host_mean" and f.ms == pytest.approx(10.0) and "uneven" in f.why
+
+
 def test_judge_clock_wins_when_the_host_understates():
     null = _batch([0.0] * 5, wall_ms=5.0)
     f = clock_figure(_batch([0.1] * 5, wall_ms=5.0 + 50.0), null, TIMING)
