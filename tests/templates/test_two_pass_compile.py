@@ -25,6 +25,10 @@ POINTS = [
     ({"prep_smem": "lean", "uo_blocks": 2}, 255),
     ({"uo_blocks": 1}, 255),
     ({"v_block": 64, "state_warps": 4, "stages": 1, "uo_blocks": 1}, 255),
+    ({"state_step": "wgmma"}, 232),   # two warpgroups on wgmma, the state as register A operand
+    ({"state_step": "wgmma", "stages": 1, "prep_smem": "lean"}, 232),
+    ({"state_step": "wgmma", "v_block": 64, "state_warps": 4}, 232),
+    ({"state_step": "wgmma", "stages": 3, "out_store": "deferred"}, 232),   # three slots fit only here
 ]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
@@ -35,12 +39,13 @@ def test_family_loads_and_defaults_are_admitted():
     fam = load_family(TEMPLATES / "two_pass")
     assert fam.check(fam.defaults) == []
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
-                                 "uo_blocks"}
+                                 "uo_blocks", "out_store"}
 
 
 @pytest.mark.parametrize("overrides, message", [
     ({**CTA, "v_block": 128, "state_warps": 4}, "64 fp32 registers"),
     ({"chunk": 32}, "chunk"),
+    ({"stages": 3}, "227 KiB"),   # three padded slots of the warp-local step do not fit
     ({"state_step": "warp_local", "v_block": 32, "state_warps": 8}, "16 value rows"),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 8}, "16 value rows"),
 ])

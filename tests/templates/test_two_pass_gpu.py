@@ -39,6 +39,9 @@ def _host(data, name):
     {"state_step": "cta", "prep_smem": "lean", "stages": 1},
     {"prep_smem": "lean"},
     {"uo_blocks": 1},
+    {"state_step": "wgmma"},
+    {"state_step": "wgmma", "stages": 1, "prep_smem": "lean"},
+    {"state_step": "wgmma", "stages": 3, "out_store": "deferred"},
 ])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):

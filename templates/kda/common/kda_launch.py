@@ -44,15 +44,48 @@ def compile_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
     return ("-std=c++17", *(f"-D{d}" for d in defines))
 
 
-def load_module(path: Path, defines: tuple[str, ...] = ()):
+def load_module(path: Path, defines: tuple[str, ...] = (), *, arch_specific: bool = False):
+    """The compiled module of the source at ``path``.
+
+    ``arch_specific``: the source uses instructions of one architecture only (Hopper's
+    wgmma needs ``sm_90a``). CuPy compiles for the plain ``sm_90`` and appends its own
+    ``-arch``, so such sources are compiled here with NVRTC to a cubin, cached on disk
+    beside CuPy's own kernel cache."""
     src = inline_includes(path)
     opts = compile_options(defines)
-    key = hashlib.sha256("\0".join((src, *opts)).encode()).hexdigest()
+    key = hashlib.sha256("\0".join((src, *opts, str(arch_specific))).encode()).hexdigest()
     mod = _modules.get(key)
     if mod is None:
-        mod = cupy.RawModule(code=src, options=opts, backend="nvrtc")
+        if arch_specific:
+            mod = cupy.RawModule(path=str(_arch_specific_cubin(src, opts, key)))
+        else:
+            mod = cupy.RawModule(code=src, options=opts, backend="nvrtc")
         _modules[key] = mod
     return mod
+
+
+def _arch_specific_cubin(src: str, opts: tuple[str, ...], key: str) -> Path:
+    from cupy_backends.cuda.libs import nvrtc
+
+    arch = f"sm_{cupy.cuda.Device().compute_capability}a"
+    cache = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+    cubin = cache / f"kda_{arch}_{nvrtc.getVersion()[0]}_{key[:32]}.cubin"
+    if cubin.exists():
+        return cubin
+    prog = nvrtc.createProgram(src, "kernel.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [*opts, f"--gpu-architecture={arch}"])
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"NVRTC ({arch}) failed:\n{nvrtc.getProgramLog(prog)}") from e
+        data = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cubin.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, cubin)   # another process compiling the same source writes the same bytes
+    return cubin
 
 
 def get_kernel(module, name: str, smem_bytes: int):
