@@ -16,6 +16,7 @@ races hidden by the cooperative schedule, or register limits (test_two_pass_comp
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,6 +35,78 @@ C = 64
 # __syncthreads as a barrier over the CTA's threads (the fused kernel never uses it)
 SYNCTHREADS = r"""
 static inline void __syncthreads() { gen_sync(g_named[0], g_nth); }
+"""
+
+# CPU versions of the wgmma primitives (kda_wgmma.cuh). An op is recorded at issue with
+# this thread's A fragment and runs (reads its B tile from shared memory through the
+# descriptor's own fields, swizzle included, and accumulates) only when the thread waits
+# for its group: the latest a GPU may complete it. So an accumulator read before the wait
+# sees the old value, and a tile refilled before the wait feeds the product the new data.
+WGMMA = r"""
+#include <map>
+#include <tuple>
+struct WgOp { float* d; int n8; bool trans_b; int scale_a; unsigned long long desc; int group; long seq; };
+struct WgA { unsigned a[128][4]; int count = 0; };
+static std::map<std::tuple<long, int, long>, WgA> g_wg_a;   // (CTA, warpgroup, op) -> A fragments
+static std::vector<WgOp> g_wg_ops[1024];
+static int g_wg_group[1024];
+static long g_wg_seq[1024];
+static unsigned char* g_wg_smem;     // the CTA's shared memory (set by the harness)
+static size_t g_wg_smem_bytes;
+static inline long wg_cta() { return blockIdx.x + (long)gridDim.x * (blockIdx.y + (long)gridDim.y * blockIdx.z); }
+static inline void wg_issue(float* d, int n8, bool trans_b, int scale_a, const unsigned a[4], unsigned long long desc) {
+    const int t = threadIdx.x;
+    WgA& x = g_wg_a[std::make_tuple(wg_cta(), t / 128, g_wg_seq[t])];
+    for (int j = 0; j < 4; ++j) x.a[t % 128][j] = a[j];
+    x.count++;
+    g_wg_ops[t].push_back({d, n8, trans_b, scale_a, desc, g_wg_group[t], g_wg_seq[t]});
+    g_wg_seq[t]++;
+}
+// B(k, n) of a 128-byte swizzled operand, as the descriptor describes it
+static inline float wg_b(unsigned long long desc, bool trans_b, int k, int n) {
+    const unsigned start = (unsigned)(desc & 0x3FFF) << 4, lead = (unsigned)((desc >> 16) & 0x3FFF) << 4;
+    const unsigned stride = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+    if ((desc >> 62) != 1 || ((desc >> 49) & 7)) { std::fprintf(stderr, "wgmma: not a 128-byte swizzle descriptor\n"); std::abort(); }
+    unsigned addr = trans_b ? start + (n / 64) * lead + (n % 64) * 2 + (k % 8) * 128 + (k / 8) * stride
+                            : start + (n / 8) * stride + (n % 8) * 128 + k * 2;
+    addr ^= ((addr >> 7) & 7) << 4;   // 16-byte piece ^= row within the 1024-byte period
+    const size_t off = (addr - ((size_t)g_wg_smem & 0x3FFFF)) & 0x3FFFF;   // 18 address bits
+    if (off + 2 > g_wg_smem_bytes) { std::fprintf(stderr, "wgmma: B outside shared memory\n"); std::abort(); }
+    unsigned short bits; std::memcpy(&bits, g_wg_smem + off, 2);
+    return __uint_as_float((unsigned)bits << 16);
+}
+static inline void wg_run(const WgOp& op) {
+    const int t = threadIdx.x;
+    WgA& x = g_wg_a[std::make_tuple(wg_cta(), t / 128, op.seq)];
+    WAIT_UNTIL(x.count == 128);   // every thread of the warpgroup has issued it
+    const int w = (t % 128) / 32, l = t % 32, g = l / 4, q = l % 4;
+    for (int i = 0; i < op.n8; ++i)
+        for (int e = 0; e < 4; ++e) {
+            const int m = 16 * w + g + 8 * (e >> 1), n = 8 * i + 2 * q + (e & 1);
+            float acc = 0.f;
+            for (int k = 0; k < 16; ++k) {   // A(m, k) from the lane that holds it (mma.sync A layout)
+                const unsigned r = x.a[32 * (m / 16) + ((m % 16) % 8) * 4 + (k % 8) / 2][(m % 16) / 8 + 2 * (k / 8)];
+                acc += ((k & 1) ? bf_hi(r) : bf_lo(r)) * wg_b(op.desc, op.trans_b, k, n);
+            }
+            op.d[4 * i + e] += op.scale_a * acc;
+        }
+}
+template <int SCALE_A> __device__ __forceinline__ void wgmma_64x64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc) { wg_issue(&d[0][0], 8, false, SCALE_A, a, desc); }
+template <int SCALE_A> __device__ __forceinline__ void wgmma_64x128_rs_bt(float (&d)[16][4], const unsigned (&a)[4], unsigned long long desc) { wg_issue(&d[0][0], 16, true, SCALE_A, a, desc); }
+__device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void fence_async_shared() {}
+template <int N8> __device__ __forceinline__ void wgmma_hold(float (&)[N8][4]) {}
+__device__ __forceinline__ void wgmma_commit() { g_wg_group[threadIdx.x]++; }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    std::vector<WgOp>& ops = g_wg_ops[threadIdx.x];
+    const int limit = g_wg_group[threadIdx.x] - N;   // all but the newest N groups complete
+    size_t keep = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i].group < limit) wg_run(ops[i]);
+        else ops[keep++] = ops[i];
+    }
+    ops.resize(keep);
+}
 """
 
 HARNESS = r"""
@@ -90,6 +163,8 @@ int main(int argc, char** argv) {
         state_k::kda_state_kernel(qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data(), init.data(),
                                   out.data(), fin.data(), T, H, NC, scale);
     };
+    g_wg_smem = state_k::state_smem;
+    g_wg_smem_bytes = sizeof state_k::state_smem;
     rc = run_grid({(unsigned)(KD / VB), (unsigned)H, (unsigned)B}, NW * 32, state_k::state_smem, sizeof state_k::state_smem, rng);
     if (rc) return rc;
     bool intact = guard_intact(q, nq, "q") & guard_intact(k, nk, "k") & guard_intact(v, nv, "v")
@@ -120,7 +195,12 @@ def build(cand: Path, work: Path) -> Path:
                              ["pack_bf16x2", "cp_async16", "cp_async_commit", "cp_async_wait",
                               "ldsm_x4", "ldsm_x4_trans", "mma_bf16"])
     tiles = tiles.replace("typedef unsigned short bf16_t;", "")
-    tiles = tiles.replace("#pragma once", "#pragma once\n" + PRELUDE + PRIMITIVES + SYNCTHREADS, 1)
+    tiles = tiles.replace("#pragma once", "#pragma once\n" + PRELUDE + PRIMITIVES + SYNCTHREADS + WGMMA, 1)
+    wgmma = _strip_functions((cand / "kda_wgmma.cuh").read_text(),
+                             ["wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_async_shared", "wgmma_hold",
+                              "wgmma_64x64_rs", "wgmma_64x128_rs_bt"])
+    assert "asm" not in re.sub(r"//.*", "", wgmma), "a PTX primitive was left in kda_wgmma.cuh"
+    (work / "kda_wgmma.cuh").write_text(wgmma)
     for src in ("kda_prep.cu", "kda_state.cu"):
         text = (cand / src).read_text()
         assert "asm" not in text, f"{src}: a PTX primitive outside the headers"
@@ -178,9 +258,13 @@ POINTS = [
     ({}, ALL_T + [(2, 33, 1, "switch"), (1, 129, 2, "scored"), (1, 200, 1, "saturated")]),   # tiles, uo_blocks 2
     ({"uo_blocks": 1}, ALL_T + [(2, 33, 1, "switch")]),
     ({"prep_smem": "lean", "uo_blocks": 1}, [(1, 129, 2, "scored"), (1, 200, 1, "saturated")]),   # run 5's best
+    ({"state_step": "wgmma"}, ALL_T + [(2, 33, 1, "switch")]),
+    ({"state_step": "wgmma", "stages": 3, "out_store": "deferred"}, [(1, 200, 1, "saturated"), (1, 65, 2, "scored")]),
+    ({"state_step": "wgmma", "stages": 1, "v_block": 64, "state_warps": 4}, [(1, 129, 1, "scored")]),
 ]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
-       "cta_lean_s1", "defaults", "uo_blocks_1", "lean_warp_local"]
+       "cta_lean_s1", "defaults", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "wgmma_s3_deferred",
+       "wgmma_vb64_s1"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
