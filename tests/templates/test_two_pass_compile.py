@@ -10,25 +10,27 @@ from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_p
 # registers by its launch bounds (two CTAs of 256 threads per SM), at 80 with
 # prep_smem = "lean" or "tiles" (three CTAs per SM).
 CTA = {"state_step": "cta", "prep_smem": "full", "stages": 1}   # the first measured design
+WL = {"state_step": "warp_local", "stages": 2, "out_store": "inline"}   # the defaults before the wgmma step
 POINTS = [
-    ({}, 255),   # the defaults: warp-local state step (uo_blocks 2), tiles prep, two ring slots
+    ({}, 232),   # the defaults: wgmma state step, tiles prep, three ring slots, deferred stores
+    (WL, 255),
     (CTA, 255),
     ({**CTA, "v_block": 64, "state_warps": 4}, 255),
     ({**CTA, "v_block": 32, "state_warps": 8}, 200),
     ({**CTA, "v_block": 64, "stages": 2}, 255),
     ({**CTA, "stages": 2}, 255),
-    ({"prep_smem": "full"}, 255),
+    ({**WL, "prep_smem": "full"}, 255),
     ({"state_step": "warp_local", "prep_smem": "full", "stages": 1}, 255),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1}, 255),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 2}, 255),
     ({**CTA, "prep_smem": "lean"}, 255),
-    ({"prep_smem": "lean", "uo_blocks": 2}, 255),
-    ({"uo_blocks": 1}, 255),
-    ({"v_block": 64, "state_warps": 4, "stages": 1, "uo_blocks": 1}, 255),
-    ({"state_step": "wgmma"}, 232),   # two warpgroups on wgmma, the state as register A operand
+    ({**WL, "prep_smem": "lean", "uo_blocks": 2}, 255),
+    ({**WL, "uo_blocks": 1}, 255),
+    ({**WL, "v_block": 64, "state_warps": 4, "stages": 1, "uo_blocks": 1}, 255),
+    ({"state_step": "wgmma", "stages": 2, "out_store": "inline"}, 232),   # two warpgroups on wgmma
     ({"state_step": "wgmma", "stages": 1, "prep_smem": "lean"}, 232),
     ({"state_step": "wgmma", "v_block": 64, "state_warps": 4}, 232),
-    ({"state_step": "wgmma", "stages": 3, "out_store": "deferred"}, 232),   # three slots fit only here
+    ({"state_step": "wgmma", "stages": 3, "out_store": "inline"}, 232),   # three slots fit only here
 ]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
@@ -45,7 +47,7 @@ def test_family_loads_and_defaults_are_admitted():
 @pytest.mark.parametrize("overrides, message", [
     ({**CTA, "v_block": 128, "state_warps": 4}, "64 fp32 registers"),
     ({"chunk": 32}, "chunk"),
-    ({"stages": 3}, "227 KiB"),   # three padded slots of the warp-local step do not fit
+    ({"state_step": "warp_local"}, "227 KiB"),   # three padded slots of the warp-local step do not fit
     ({"state_step": "warp_local", "v_block": 32, "state_warps": 8}, "16 value rows"),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 8}, "16 value rows"),
 ])

@@ -248,22 +248,23 @@ def run_case(exe: Path, work: Path, B, T, H, regime, seed, v_block, state_warps)
 ALL_T = [(1, 1, 1, "scored"), (1, 17, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "scored"),
          (1, 129, 1, "saturated")]
 CTA = {"state_step": "cta", "prep_smem": "full", "stages": 1}   # the first design, measured first
+WL = {"state_step": "warp_local", "stages": 2, "out_store": "inline"}   # the defaults before the wgmma step
 POINTS = [
     (CTA, [(1, 65, 1, "scored"), (1, 129, 1, "saturated")]),
-    ({"prep_smem": "full"}, ALL_T + [(2, 33, 1, "switch")]),
-    ({"prep_smem": "full", "stages": 1}, ALL_T),
-    ({"v_block": 64, "state_warps": 4, "stages": 1}, ALL_T),
-    ({"v_block": 64, "state_warps": 4, "stages": 2}, ALL_T),
+    ({**WL, "prep_smem": "full"}, ALL_T + [(2, 33, 1, "switch")]),
+    ({**WL, "prep_smem": "full", "stages": 1}, ALL_T),
+    ({**WL, "v_block": 64, "state_warps": 4, "stages": 1}, ALL_T),
+    ({**WL, "v_block": 64, "state_warps": 4, "stages": 2}, ALL_T),
     ({**CTA, "prep_smem": "lean"}, ALL_T + [(2, 33, 1, "switch")]),
-    ({}, ALL_T + [(2, 33, 1, "switch"), (1, 129, 2, "scored"), (1, 200, 1, "saturated")]),   # tiles, uo_blocks 2
-    ({"uo_blocks": 1}, ALL_T + [(2, 33, 1, "switch")]),
-    ({"prep_smem": "lean", "uo_blocks": 1}, [(1, 129, 2, "scored"), (1, 200, 1, "saturated")]),   # run 5's best
-    ({"state_step": "wgmma"}, ALL_T + [(2, 33, 1, "switch")]),
-    ({"state_step": "wgmma", "stages": 3, "out_store": "deferred"}, [(1, 200, 1, "saturated"), (1, 65, 2, "scored")]),
+    (WL, ALL_T + [(2, 33, 1, "switch"), (1, 129, 2, "scored"), (1, 200, 1, "saturated")]),   # tiles, uo_blocks 2
+    ({**WL, "uo_blocks": 1}, ALL_T + [(2, 33, 1, "switch")]),
+    ({**WL, "prep_smem": "lean", "uo_blocks": 1}, [(1, 129, 2, "scored"), (1, 200, 1, "saturated")]),   # run 5's best
+    ({"stages": 2, "out_store": "inline"}, ALL_T + [(2, 33, 1, "switch")]),
+    ({}, [(1, 200, 1, "saturated"), (1, 65, 2, "scored"), (2, 33, 1, "switch")]),   # the defaults
     ({"state_step": "wgmma", "stages": 1, "v_block": 64, "state_warps": 4}, [(1, 129, 1, "scored")]),
 ]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
-       "cta_lean_s1", "defaults", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "wgmma_s3_deferred",
+       "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
        "wgmma_vb64_s1"]
 
 

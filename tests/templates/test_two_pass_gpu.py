@@ -18,6 +18,8 @@ sys.path.insert(0, str(TEMPLATES / "common"))
 import iket_host  # noqa: E402
 import kda_launch  # noqa: E402
 
+WL = {"state_step": "warp_local", "stages": 2, "out_store": "inline"}   # the defaults before the wgmma step
+
 
 def _judge(x, y):
     d = np.abs(x - y)
@@ -31,18 +33,19 @@ def _host(data, name):
 
 
 @pytest.mark.parametrize("overrides", [
-    {},   # the defaults: warp-local state step, tiles prep, two ring slots
+    {},   # the defaults: wgmma state step, tiles prep, three ring slots, deferred stores
     {"state_step": "cta", "prep_smem": "full", "stages": 1},
     {"state_step": "cta", "prep_smem": "full", "stages": 1, "v_block": 64, "state_warps": 4},
-    {"prep_smem": "full"},
+    {**WL, "prep_smem": "full"},
     {"state_step": "warp_local", "v_block": 64, "state_warps": 4, "stages": 1},
     {"state_step": "cta", "prep_smem": "lean", "stages": 1},
-    {"prep_smem": "lean"},
-    {"uo_blocks": 1},
-    {"state_step": "wgmma"},
-    {"state_step": "wgmma", "stages": 1, "prep_smem": "lean"},
-    {"state_step": "wgmma", "stages": 3, "out_store": "deferred"},
-])
+    {**WL, "prep_smem": "lean"},
+    {**WL, "uo_blocks": 1},
+    WL,
+    {"stages": 2, "out_store": "inline"},
+    {"stages": 1, "prep_smem": "lean", "out_store": "inline"},
+], ids=["defaults", "cta_full_s1", "cta_vb64", "wl_full", "wl_vb64_s1", "cta_lean", "wl_lean", "wl_uo1", "warp_local",
+        "wgmma_s2", "wgmma_s1_lean"])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
     cand, _ = render_point("two_pass", **overrides)
