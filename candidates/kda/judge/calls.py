@@ -3,15 +3,15 @@ on buffers the judge lends; `Session.batch` runs a batch of calls on fresh input
 returns what the judge saw of it.
 
 Every call of every batch is alike, whether its time counts or not: its inputs are new
-(rewritten into the buffers `setup` captured), its outputs are poisoned before it, and its
-outputs are copied into a result slot that the judge snapshots, in an order drawn after
-the batch, into memory of its own the moment the host answers. Verification reads only
-that snapshot and inputs the judge regenerates from their seeds, so a host that keeps
-working after it answered, or edits the lent inputs, fails its check."""
+(written into the lent block `setup` captured only once the call's window has begun), its
+outputs are poisoned before it, and the host copies its outputs into the lent output
+block, which the judge snapshots into memory of its own the moment the host answers.
+Verification reads only that snapshot and inputs the judge regenerates from their seeds,
+so a host that keeps working after it answered, or edits the lent inputs, fails its
+check."""
 from __future__ import annotations
 
 import math
-import random
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -20,7 +20,7 @@ from .backend import BF16, Backend, bits_view, poison, write_into
 from .compare import check_output
 from .hostproc import HostProcess
 from .inputs import INPUT_NAMES
-from .memory import Arena, place, plan_bytes
+from .memory import Arena, plan_bytes
 from .reference import chunked_f32, recurrence_f64
 from .spec import WorkloadSpec
 
@@ -56,18 +56,13 @@ def _lend(arena: Arena, layouts: list[list[tuple[str, tuple, object]]]):
     return buf, out
 
 
-def _block(buf, desc: dict):
-    off = desc["offset"]
-    return buf.base[off:off + desc["shape"][0]]
-
-
 @dataclass
 class Batch:
     """What the judge saw of one batch: the host's own figures and the judge's clock."""
 
-    snapshots: list[dict]  # per call: views of judge-private copies of output and final_state
+    snapshots: list[dict]  # per call: judge-private copies of output and final_state
     host_ms: list[float]
-    wall_ms: float  # the judge's clock: request sent -> snapshot complete
+    wall_ms: float  # the judge's clock: the sum over calls of inputs written -> snapshot complete
 
 
 class Session:
@@ -90,49 +85,46 @@ class Session:
                      fds=[self.buf.fd] if self.buf.fd is not None else [])
 
     def batch(self, makers: list[MakeInputs], flush_bytes: int = 0) -> Batch:
-        be, spec, xp = self.be, self.spec, self.be.xp
+        """The calls one at a time, each on inputs the host first sees inside its own window.
+
+        Per call: its inputs are generated in the judge's memory (outside the clock), then
+        the clock starts, they are written into the session's lent input block, the
+        outputs are poisoned, the host runs the call, and its outputs are snapshot into
+        judge-private memory the moment it answers; the clock stops there. A host can only
+        work on a call's inputs inside that call's window, so the windows' sum counts all
+        of its work (a batch that lent every set at once let a host map them all, and the
+        mapping's cost, tens of ms and uneven, drowned the calls on the judge's clock)."""
+        be, xp = self.be, self.be.xp
         n = len(makers)
-        buf, parts = _lend(self.arena, [input_layout(spec, self.T)] * n + [output_layout(spec, self.T)] * n)
-        sets, results = parts[:n], parts[n:]
-        for (arrays, _, _), make in zip(sets, makers):
+        snaps, ms, wall = [], [], 0.0
+        for i, make in enumerate(makers):
             fresh = make()
-            for name in INPUT_NAMES:
-                write_into(xp, arrays[name], fresh[name])
-            del fresh
-        for arrays, _, _ in results:
-            poison(xp, arrays["output"])
-            poison(xp, arrays["final_state"])
-        private = [xp.empty(block["shape"][0], dtype=xp.uint8) for _, _, block in results]
-        order = list(range(n))
-        random.SystemRandom().shuffle(order)  # drawn now, unknown to the host
-        be.sync()
-        t0 = time.perf_counter()
-        try:
-            reply = self.host.request(
-                {"op": "calls", "session": self.id, "buffers": [buf.info()], "flush_bytes": int(flush_bytes),
-                 "sets": [block for _, _, block in sets], "results": [block for _, _, block in results]},
-                fds=[buf.fd] if buf.fd is not None else [])
-            for i in order:
-                private[i][...] = _block(buf, results[i][2])
             be.sync()
-            wall = (time.perf_counter() - t0) * 1e3
-        finally:
-            self.host.retire(buf)
-        snaps = [_split(p, descs, block["offset"]) for p, (_, descs, block) in zip(private, results)]
-        ms = reply.get("ms")
-        if not isinstance(ms, list) or len(ms) != n or not all(_is_ms(x) for x in ms):
-            ms = [math.nan] * n  # the host's figures are unusable: only the judge's clock counts
-        return Batch(snaps, [float(x) for x in ms], wall)
+            t0 = time.perf_counter()
+            for name in INPUT_NAMES:
+                write_into(xp, self.inputs[name], fresh[name])
+            poison(xp, self.outs["output"])
+            poison(xp, self.outs["final_state"])
+            be.sync()
+            reply = self.host.request({"op": "call", "session": self.id, "flush_bytes": int(flush_bytes),
+                                       "flush_tag": i, "last": i == n - 1})
+            private = {name: xp.empty_like(a) for name, a in self.outs.items()}
+            for name, a in self.outs.items():
+                private[name][...] = a
+            be.sync()
+            wall += (time.perf_counter() - t0) * 1e3
+            del fresh
+            snaps.append(private)
+            x = reply.get("ms")
+            ms.append(float(x) if _is_ms(x) else math.nan)  # unusable: only the judge's clock counts
+        if not all(math.isfinite(x) for x in ms):
+            ms = [math.nan] * n
+        return Batch(snaps, ms, wall)
 
     def inputs_intact(self, last: Inputs) -> list[str]:
         """Names of the lent inputs the last call changed (they must be read-only to it)."""
         xp = self.be.xp
         return [n for n in INPUT_NAMES if not bool((bits_view(xp, self.inputs[n]) == bits_view(xp, last[n])).all())]
-
-
-def _split(private, descs: dict, block_offset: int) -> dict:
-    """Views of a private copy of a result block, placed as its descriptors place them."""
-    return {name: place(private, d, block_offset) for name, d in descs.items()}
 
 
 def _is_ms(x) -> bool:

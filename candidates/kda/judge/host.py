@@ -4,8 +4,8 @@ the judge: `python -m judge.host FD ROLE DEVICE`.
 Everything here runs in an untrusted process once a candidate is loaded: the candidate can
 patch any of it. So the host only does work whose result the judge checks for itself:
 it copies the inputs the judge lends into its own memory, calls `setup` and `fn` there,
-copies each call's outputs into the judge's result slots and reports its own call times, which the judge weighs against its
-own clock. Roles: `candidate` (a candidate directory) and `trusted` (the baseline and the
+copies each call's outputs into the judge's lent output block and reports its own call
+time, which the judge weighs against its own clock. Roles: `candidate` (a candidate directory) and `trusted` (the baseline and the
 no-op calibration candidate; no candidate code is ever loaded there).
 
 Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "kind",
@@ -13,10 +13,9 @@ Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "
   load   {"dir"} | {"spec"}                      import the candidate | make the baseline
   setup  {"session", "which", "B", "T", "H", "scale", "buffers", "inputs", "output",
           "final_state", "input_block", "output_block"}   setup(data, B, T, H) on lent buffers
-  calls  {"session", "buffers", "sets", "results", "flush_bytes"}
-         per call: refill the inputs from its set, poison both outputs, flush the cache,
-         time fn(), copy both outputs into its result slot; reply {"ms": [...]}
-  release {"buffers"}                            unmap a batch's buffer (trusted hosts)
+  call   {"session", "flush_bytes", "flush_tag", "last"}   one call on the inputs the judge
+         has just written into the session's lent block: copy them in, poison both outputs,
+         flush the cache, time fn(), copy both outputs out; reply {"ms": x}
   exit
 """
 from __future__ import annotations
@@ -60,10 +59,10 @@ class _NoOp:
 
 
 class Session:
-    def __init__(self, fn, output, final_state, input_block, output_block, lent_inputs) -> None:
+    def __init__(self, fn, output, final_state, input_block, output_block, lent_inputs, lent_outputs) -> None:
         self.fn, self.output, self.final_state = fn, output, final_state
         self.input_block, self.output_block = input_block, output_block  # uint8, this process's memory
-        self.lent_inputs = lent_inputs  # uint8 view of the judge's input block
+        self.lent_inputs, self.lent_outputs = lent_inputs, lent_outputs  # uint8 views of the judge's blocks
 
 
 class _Relocated:
@@ -151,38 +150,35 @@ class Host:
             raise CandidateError("import", f"setup(data, B={B}, T={T}, H={H}) raised:\n{tail()}") from None
         if not callable(fn):
             raise CandidateError("import", f"setup returned {type(fn).__name__}, not a callable")
-        self.sessions[int(msg["session"])] = Session(fn, output, final_state, work_in, work_out, lent_in)
+        self.sessions[int(msg["session"])] = Session(fn, output, final_state, work_in, work_out, lent_in, lent_out)
         return {}
 
-    def op_calls(self, msg: dict, fds: list) -> dict:
-        self.mapper.add(msg["buffers"], fds)
+    def op_call(self, msg: dict, fds: list) -> dict:
+        """One call on the inputs the judge has just written into the session's lent block:
+        copied into this process's memory, outputs poisoned, cache flushed, the call timed
+        alone, its outputs copied into the lent output block, all finished before answering."""
         s = self.sessions[int(msg["session"])]
-        view = self.mapper.view
-        sets = [view(d) for d in msg["sets"]]
-        results = [view(d) for d in msg["results"]]
         flush = self._flush(int(msg.get("flush_bytes", 0)))
         timer = _Timer(self.be)
-        xp = self.be.xp
-        out_bits, state = bits_view(xp, s.output), s.final_state
         copy = self._copier()
         try:
-            for i, (fresh, slot) in enumerate(zip(sets, results)):
-                copy(fresh, s.input_block)  # every input of this call, one copy
-                out_bits.fill(BF16_NAN_BITS)
-                state.fill(float("nan"))
-                if flush is not None:
-                    flush.fill(i)
-                timer.start()
-                s.fn()
-                timer.stop()
-                copy(s.output_block, slot)  # both outputs, one copy
-            copy(s.input_block, s.lent_inputs)  # as the last call left them: the judge checks they are intact
+            copy(s.lent_inputs, s.input_block)
+            bits_view(self.be.xp, s.output).fill(BF16_NAN_BITS)
+            s.final_state.fill(float("nan"))
+            if flush is not None:
+                flush.fill(int(msg.get("flush_tag", 0)))
+            timer.start()
+            s.fn()
+            timer.stop()
+            copy(s.output_block, s.lent_outputs)  # both outputs, one copy
+            if msg.get("last"):
+                copy(s.input_block, s.lent_inputs)  # as the last call left them: the judge checks they are intact
             ms = timer.finish()
         except BaseException as exc:  # noqa: BLE001
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise CandidateError("runtime", f"fn() raised:\n{tail()}") from None
-        return {"ms": ms}
+        return {"ms": ms[0]}
 
     def _copier(self):
         """Block copies between lent buffers and this process's memory. On a GPU they run as
@@ -198,10 +194,6 @@ class Host:
         def copy(src, dst):
             kernel(src.view(xp.uint32), dst.view(xp.uint32))
         return copy
-
-    def op_release(self, msg: dict, fds: list) -> dict:
-        self.mapper.drop([int(b) for b in msg["buffers"]])
-        return {}
 
     def _flush(self, nbytes: int):
         if nbytes <= 0:

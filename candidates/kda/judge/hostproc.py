@@ -144,16 +144,6 @@ class HostProcess:
             raise CandidateError(kind, str(reply.get("message") or "the host reported a failure")[:8000])
         return reply
 
-    def retire(self, buf) -> None:
-        """A batch's buffer is done with. A trusted host unmaps it first and it is freed now;
-        an untrusted one might keep a mapping, so its buffers wait for its death (freed
-        device memory could otherwise come back to the judge still mapped by the host)."""
-        if self.role == "trusted" and self.proc.poll() is None:
-            self.request({"op": "release", "buffers": [buf.id]})
-            self.arena.free(buf)
-        else:
-            self.lent.append(buf)
-
     def _exit_text(self) -> str:
         try:  # its channel closed: give the process a moment to finish dying
             code = self.proc.wait(timeout=2)

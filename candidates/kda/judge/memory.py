@@ -138,12 +138,5 @@ class Mapper:
                 os.close(fd)
                 self.bases[bid] = np.frombuffer(mm, dtype=np.uint8)
 
-    def drop(self, ids: list[int]) -> None:
-        for bid in ids:
-            base = self.bases.pop(bid, None)
-            if base is not None and self.be.device == "cuda":
-                self.be.sync()
-                self.be.xp.cuda.runtime.ipcCloseMemHandle(base.data.ptr)
-
     def view(self, desc: dict):
         return place(self.bases[int(desc["buf"])], desc)

@@ -1,13 +1,13 @@
 """The official figures from timed batches, and which clock they come from.
 
-A timed batch runs `warmup + calls` calls back to back in one host (host.py): per call the
-host refills the inputs, poisons the outputs, flushes the cache (a buffer of
-`flush_bytes` written), times the call alone and copies its outputs out. On a GPU the
-times are CUDA events on the current stream, enqueued back to back, one sync at the end;
-on the CPU, perf_counter around each call. Those times come from the host's process,
-which the candidate controls; the judge keeps its own clock around the whole batch (from
-the request to the snapshot of every output) and runs the same batch with a no-op
-candidate in a trusted host. What the judge saw beyond the no-op batch is the work of the
+A timed batch runs `warmup + calls` calls one at a time in one host (host.py): per call the
+judge writes fresh inputs into the lent block, and the host copies them in, poisons the
+outputs, flushes the cache (a buffer of `flush_bytes` written), times the call alone and
+copies its outputs out before answering. On a GPU the time is a pair of CUDA events
+around the call; on the CPU, perf_counter. Those times come from the host's process,
+which the candidate controls; the judge keeps its own clock around each call (from
+writing its inputs to the snapshot of its outputs), sums it over the batch, and runs the
+same batch with a no-op candidate in a trusted host. What the judge saw beyond the no-op batch is the work of the
 calls: the host's times stand only if they account for it within the slack; otherwise the
 judge's own figure (that time over the number of calls) is used, and the report says so.
 """
@@ -61,10 +61,10 @@ def clock_figure(batch, null, t: Timing) -> Figure:
 def method_text(be: Backend, t: Timing) -> str:
     mib = t.flush_bytes / 2**20
     if be.device == "cuda":
-        per_call = f"CUDA events back to back on the host's stream (refill, poison, flush {mib:.0f} MiB, start, call, end)"
+        per_call = f"CUDA events around each call on the host's stream (refill, poison, flush {mib:.0f} MiB, start, call, end)"
     else:
         per_call = f"perf_counter per call in the host, {mib:.0f} MiB buffer written before each call"
-    return (f"{per_call}, fresh inputs every call, every call verified; {t.trials} trials x {t.calls} calls "
+    return (f"{per_call}, fresh inputs every call, lent only inside its window, every call verified; {t.trials} trials x {t.calls} calls "
             f"(+{t.warmup} warm-up), baseline and kernel in separate processes, alternating by trial, "
             f"fresh setup per trial; weighed against the judge's own clock; mean of trial medians")
 
