@@ -19,3 +19,17 @@ def client(cpu_server):
 
     with Client(cpu_server.url) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One throwaway PostgreSQL server for the whole session (tests/pgserver.py); tests
+    that need it are skipped, saying why, only where PostgreSQL is not installed."""
+    from tests.pgserver import PostgresUnavailable, TemporaryPostgres
+
+    try:
+        server = TemporaryPostgres()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"PostgreSQL unavailable: {exc}")
+    with server:
+        yield server

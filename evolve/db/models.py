@@ -100,6 +100,21 @@ class RunModel(Base):
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class RunWorkerModel(Base):
+    """One process working on a run (`evolve run`, or `evolve run --join` on any host).
+    Its heartbeat is the lease on the evaluations it holds; `ended_at` is set when it leaves."""
+
+    __tablename__ = "run_workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class CandidateParentModel(Base):
     """Ordered parent list of a candidate (crossover has two, mutation one, seeds none)."""
 
@@ -176,6 +191,8 @@ class EvaluationModel(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     retry_of: Mapped[int | None] = mapped_column(ForeignKey("evaluations.id"))
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    # The process holding it while it runs (its heartbeat is the lease); None before 0004.
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("run_workers.id"), index=True)
     status: Mapped[str] = mapped_column(String(16), default="running")
     failure_kind: Mapped[str | None] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text, default="")
