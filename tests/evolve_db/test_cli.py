@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def evolve(cwd: Path, *args: str, env_db: str | None = None) -> subprocess.CompletedProcess[str]:
+    # $EVOLVE_DB as the test left it: the `cli` fixture clears it, `demo` names its database.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("EVOLVE_DB", None)
     if env_db:
         env["EVOLVE_DB"] = env_db
     return subprocess.run(
@@ -48,7 +48,20 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
 
 
 @pytest.fixture
-def demo(tmp_path: Path) -> tuple[Path, dict[str, int]]:
+def demo(tmp_path: Path, db_url: str, backend: str, cli, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict[str, int]]:  # type: ignore[no-untyped-def]
+    """A populated database that commands find without --db: evolve.db in tmp_path (the
+    default location), or a PostgreSQL database named by $EVOLVE_DB."""
+    if backend != "sqlite":
+        monkeypatch.setenv("EVOLVE_DB", db_url)
+    db = open_database(db_url)
+    pop = Population(db)
+    ids = populate(pop, pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small"))
+    db.close()
+    return tmp_path, ids
+
+
+@pytest.fixture
+def sqlite_demo(tmp_path: Path) -> tuple[Path, dict[str, int]]:
     """A populated evolve.db in tmp_path (the default database location)."""
     db = open_database(f"sqlite:///{tmp_path / 'evolve.db'}")
     pop = Population(db)
@@ -131,8 +144,8 @@ def test_status_and_report_commands(demo: tuple[Path, dict[str, int]], cli) -> N
     assert "<svg" in page and "<table>" in page
 
 
-def test_db_commands_and_version_refusal(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
-    url = f"sqlite:///{tmp_path / 'x.db'}"
+def test_db_commands_and_version_refusal(tmp_path: Path, empty_db_url: str, cli) -> None:  # type: ignore[no-untyped-def]
+    url = empty_db_url
     assert cli("db", "current", "--db", url).returncode == 1
     up = evolve(tmp_path, "db", "upgrade", "--db", url)
     assert up.returncode == 0 and f"-> {head_revision()}" in up.stdout
@@ -148,10 +161,10 @@ def test_db_commands_and_version_refusal(tmp_path: Path, cli) -> None:  # type: 
     assert cli("db", "current", "--db", url).returncode == 1
 
 
-def test_db_takes_a_plain_file_path(demo, cli) -> None:  # type: ignore[no-untyped-def]
+def test_db_takes_a_plain_file_path(sqlite_demo, cli) -> None:  # type: ignore[no-untyped-def]
     """`--db some/file.db` is the SQLite database at that path, relative or absolute, the
     same one its sqlite:/// URL names (a path used to fail as an unparseable URL)."""
-    root, ids = demo
+    root, ids = sqlite_demo
     by_url = cli("leaderboard", "--json", "--db", f"sqlite:///{root / 'evolve.db'}")
     by_path = cli("leaderboard", "--json", "--db", str(root / "evolve.db"))
     by_relative = cli("leaderboard", "--json", "--db", "evolve.db")
