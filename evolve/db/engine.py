@@ -71,6 +71,10 @@ def as_url(text: str) -> URL:
     return URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
 
 
+class DatabaseUnavailableError(RuntimeError):
+    """The database cannot be reached or its driver is not installed."""
+
+
 def create_evolve_engine(url: str) -> Engine:
     """An engine for any SQLAlchemy URL (or a SQLite file path), with evolve's SQLite
     settings where they apply."""
@@ -86,7 +90,12 @@ def create_evolve_engine(url: str) -> Engine:
         # connection for one short transaction; the overflow covers bursts beyond that.
         kwargs["pool_size"] = 8
         kwargs["max_overflow"] = 16
-    engine = create_engine(parsed, **kwargs)
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except ModuleNotFoundError as exc:
+        hint = " (pip install 'kcoral-evolve[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
+        raise DatabaseUnavailableError(
+            f"the database driver for {parsed.drivername} is not installed: no module {exc.name!r}{hint}") from None
     if _is_sqlite(engine):
         _install_sqlite_hooks(engine)
     return engine

@@ -205,3 +205,13 @@ def test_every_read_and_write_command_speaks_json(demo: tuple[Path, dict[str, in
     assert upgraded["before"] == upgraded["after"] == current["head"]
     assert json.loads(cli("leaderboard", "--json").stdout)[0]["candidate_id"] == ids["fast"]
     assert json.loads(cli("show", str(ids["fast"]), "--json").stdout)["candidate"]["id"] == ids["fast"]
+
+
+def test_an_unreachable_database_server_is_one_line_without_the_password(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """Nothing listens on port 9 of loopback: every command says so in one line, exit 2."""
+    url = "postgresql+psycopg://evolve:s3cret@127.0.0.1:9/evolve"
+    for args in (("leaderboard",), ("status",), ("db", "upgrade")):
+        r = cli(*args, "--db", url)
+        assert r.returncode == 2, r.stderr
+        assert "unreachable" in r.stderr and "127.0.0.1:9" in r.stderr and "s3cret" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
