@@ -238,12 +238,16 @@ class SearchLoop:
             raise JoinError(f"run {run.id} is not alive (state {run.state}); `evolve run --resume` continues a dead run")
         return run.id
 
-    def _reclaim(self, run_id: int, worker_id: int) -> list[Job]:
+    def _reclaim(self, run_id: int, worker_id: int, usable) -> list[Job]:  # type: ignore[no-untyped-def]
         """Jobs that retry what workers of this run left when their lease ran out (each
-        row is marked interrupted compare-and-set, so one survivor retries it)."""
+        row is marked interrupted compare-and-set, so one survivor retries it). A
+        candidate whose folder this host cannot see is left to a process that can."""
         jobs: dict[int, Job] = {}
         for ev in self.pop.interrupted(run_id):
             if ev.worker_id is None or ev.worker_id == worker_id:
+                continue
+            cand = self.pop.candidate(ev.candidate_id)
+            if cand is None or not usable(cand):
                 continue
             if self.pop.mark_interrupted(ev.id, f"interrupted: worker {ev.worker_id} of run {run_id} stopped "
                                                 f"beating; retried by worker {worker_id}"):
@@ -298,8 +302,6 @@ class SearchLoop:
             run_id = self.pop.start_run(workload_id, record, cfg.strategy.kind)
         worker_id = self.pop.join_run(run_id)
         self._run_id = run_id
-        if self.join is not None:
-            jobs.extend(self._reclaim(run_id, worker_id))
 
         stats = RunStats()
         ctx = StageContext(client=self.client, pop=self.pop, workload_id=workload_id,
@@ -308,6 +310,13 @@ class SearchLoop:
                            transport_wait_s=cfg.remote.transport_wait_s, root_dir=cfg.root_dir, stats=stats,
                            cancel=self.cancel, worker_id=worker_id)
         promoter = Promoter(ctx, cfg.promotion)
+
+        def usable(cand: Candidate) -> bool:
+            # Processes on other hosts share the database, not necessarily the disk.
+            return ctx.candidate_dir(cand).is_dir()
+
+        if self.join is not None:
+            jobs.extend(self._reclaim(run_id, worker_id, usable))
         strategy = make_strategy(cfg.strategy, families)
         # A joined process draws its own proposals, not the same ones as the run's first.
         rng = random.Random(f"{cfg.strategy.seed}:{run_id}" + (f":{worker_id}" if self.join is not None else ""))
@@ -344,7 +353,7 @@ class SearchLoop:
                 exhausted = True
                 return None
             first = stages[0]
-            waiting = self.pop.claim_next(workload_id, first, run_id=run_id, worker_id=worker_id)
+            waiting = self.pop.claim_next(workload_id, first, run_id=run_id, worker_id=worker_id, usable=usable)
             if waiting is not None:
                 return Job(candidate_id=waiting[0].id, claimed={first: waiting[1]})
             duplicates = 0
@@ -406,7 +415,7 @@ class SearchLoop:
                     if not self.pop.heartbeat_worker(worker_id):
                         log.warning("worker %s of run %s had left the run; its heartbeat was not renewed",
                                     worker_id, run_id)
-                    jobs.extend(self._reclaim(run_id, worker_id))
+                    jobs.extend(self._reclaim(run_id, worker_id, usable))
                     last_beat = time.monotonic()
                 progress.update(stats)
         except KeyboardInterrupt:

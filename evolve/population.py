@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -515,11 +515,14 @@ class Population:
             return None
 
     def claim_next(self, workload_id: int, stage: str, *, run_id: int | None = None, worker_id: int | None = None,
-                   skip: Sequence[int] = ()) -> tuple[Candidate, int] | None:
+                   skip: Sequence[int] = (),
+                   usable: Callable[[Candidate], bool] | None = None) -> tuple[Candidate, int] | None:
         """Claim the oldest never-evaluated candidate of the workload (agent registrations
         waiting for a run) by starting its first `stage`: (candidate, evaluation id), or
         None when none is left. Processes calling this at once get different candidates:
-        PostgreSQL skips rows another claim has locked; SQLite's write lock queues them."""
+        PostgreSQL skips rows another claim has locked; SQLite's write lock queues them.
+        `usable`: candidates it refuses are left for others (e.g. a folder that exists
+        only on another host)."""
         skipped = set(skip)
         for _ in range(_CLAIM_SCAN):
             try:
@@ -537,12 +540,15 @@ class Population:
                     cid = s.scalar(query)
                     if cid is None:
                         return None
-                    eid = self._start_first(s, cid, stage, run_id, worker_id)
-                    if eid is not None:
-                        row = s.get(CandidateModel, cid)
-                        assert row is not None
-                        return candidate_snapshot(row), eid
-                    skipped.add(cid)    # claimed by a transaction that committed after our snapshot
+                    row = s.get(CandidateModel, cid)
+                    assert row is not None
+                    found = candidate_snapshot(row)
+                    if usable is None or usable(found):
+                        eid = self._start_first(s, cid, stage, run_id, worker_id)
+                        if eid is not None:
+                            return found, eid
+                    # Not for us, or claimed by a transaction that committed after our snapshot.
+                    skipped.add(cid)
             except IntegrityError:
                 continue
         return None

@@ -98,6 +98,17 @@ def test_claims_hand_out_each_waiting_candidate_once(pop: Population, workload: 
     assert pop.claim_new(ids[2], "check") is None
 
 
+def test_a_claim_leaves_candidates_it_cannot_use_to_others(pop: Population, workload: int) -> None:
+    """A process on another host may not see an agent's folder: it passes over it."""
+    here = make_candidate(pop, workload, "here", origin="agent", directory="scratch/here")
+    there = make_candidate(pop, workload, "there", origin="agent", directory="/elsewhere/there")
+    mine = pop.claim_next(workload, "check", usable=lambda c: not c.directory.startswith("/elsewhere"))
+    assert mine is not None and mine[0].id == here
+    assert pop.claim_next(workload, "check", usable=lambda c: not c.directory.startswith("/elsewhere")) is None
+    theirs = pop.claim_next(workload, "check")
+    assert theirs is not None and theirs[0].id == there
+
+
 def test_processes_claiming_at_once_get_different_candidates(db_url: str, pop: Population, workload: int) -> None:
     ids = [make_candidate(pop, workload, f"q{i}", origin="agent") for i in range(24)]
     ctx = multiprocessing.get_context("spawn")
