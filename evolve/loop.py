@@ -260,19 +260,22 @@ class SearchLoop:
                    for c, s in self.pop.correct(workload_id)]
         return SearchState(correct=correct, tried=tried, proposal_index=proposals)
 
-    def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int) -> Candidate | None:
+    def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int, worker_id: int,
+                  stage: str) -> tuple[Candidate, int | None] | None:
+        """Render and store a proposal, claimed for this process in the same transaction:
+        (candidate, its first stage's evaluation, or None if it was known and evaluated)."""
         family = families[proposal.family]
         try:
             directory = render_candidate(family, proposal.params, self.config.gen_dir)
         except RenderError as exc:
             log.error("render failed: %s", exc)
             return None
-        cand, _created = self.pop.add_candidate(NewCandidate(
+        cand, _created, eid = self.pop.add_and_claim(NewCandidate(
             workload_id=workload_id, origin="seed" if proposal.operator == "seed" else "template",
             family=family.name, params=proposal.params, digest=directory.name,
             directory=display_path(directory), parents=proposal.parents, generation=proposal.generation,
-            operator=proposal.operator, run_id=run_id))
-        return cand
+            operator=proposal.operator, run_id=run_id), stage, worker_id=worker_id)
+        return cand, eid
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -364,16 +367,15 @@ class SearchLoop:
                     return None
                 proposals += 1
                 tried.add(proposal.key)
-                cand = self._register(families, proposal, workload_id, run_id)
-                if cand is None:
+                registered = self._register(families, proposal, workload_id, run_id, worker_id, first)
+                if registered is None:
                     stats.failures["render"] += 1
                     duplicates += 1  # a broken template must not spin this loop
                     continue
+                cand, eid = registered
                 tried.add(point_key(cand.family or "", cand.params))
-                if cand.id not in submitted:
-                    eid = self.pop.claim_new(cand.id, first, run_id=run_id, worker_id=worker_id)
-                    if eid is not None:
-                        return Job(candidate_id=cand.id, claimed={first: eid})
+                if eid is not None:
+                    return Job(candidate_id=cand.id, claimed={first: eid})
                 duplicates += 1
             exhausted = not futures  # nothing new nearby and nothing running: the space is used up
             return None

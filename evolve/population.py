@@ -337,28 +337,7 @@ class Population:
                 existing = self._by_digest(s, new.workload_id, new.digest)
                 if existing is not None:
                     return candidate_snapshot(existing), False
-                self._check_candidate_refs(s, new)
-                row = CandidateModel(
-                    workload_id=new.workload_id,
-                    name=new.name,
-                    origin=new.origin,
-                    family=new.family,
-                    params=new.params,
-                    digest=new.digest,
-                    directory=new.directory,
-                    generation=new.generation,
-                    operator=new.operator,
-                    author=new.author,
-                    notes=new.notes,
-                    run_id=new.run_id,
-                    created_at=utcnow(),
-                )
-                row.parent_links = [
-                    CandidateParentModel(position=i, parent_id=p) for i, p in enumerate(new.parents)
-                ]
-                s.add(row)
-                s.flush()
-                return candidate_snapshot(row), True
+                return candidate_snapshot(self._insert_candidate(s, new)), True
         except IntegrityError:
             # Lost a race on (workload_id, digest) where the backend doesn't serialise writers.
             with self.db.read() as s:
@@ -366,6 +345,49 @@ class Population:
                 if existing is None:
                     raise
                 return candidate_snapshot(existing), False
+
+    def add_and_claim(self, new: NewCandidate, stage: str, *, worker_id: int | None = None
+                      ) -> tuple[Candidate, bool, int | None]:
+        """A proposal stored and claimed in one transaction, so no other process can take it
+        for a waiting registration in between: (candidate, created, its first `stage`'s
+        evaluation id, or None if the candidate existed and was evaluated or taken)."""
+        try:
+            with self.db.write() as s:
+                existing = self._by_digest(s, new.workload_id, new.digest)
+                if existing is None:
+                    row = self._insert_candidate(s, new)
+                    return candidate_snapshot(row), True, self._start_first(s, row.id, stage, new.run_id, worker_id)
+        except IntegrityError:
+            pass    # the same source stored by another process meanwhile: claimed like any other
+        with self.db.read() as s:
+            found = self._by_digest(s, new.workload_id, new.digest)
+            assert found is not None
+            cand = candidate_snapshot(found)
+        return cand, False, self.claim_new(cand.id, stage, run_id=new.run_id, worker_id=worker_id)
+
+    def _insert_candidate(self, s: Session, new: NewCandidate) -> CandidateModel:
+        self._check_candidate_refs(s, new)
+        row = CandidateModel(
+            workload_id=new.workload_id,
+            name=new.name,
+            origin=new.origin,
+            family=new.family,
+            params=new.params,
+            digest=new.digest,
+            directory=new.directory,
+            generation=new.generation,
+            operator=new.operator,
+            author=new.author,
+            notes=new.notes,
+            run_id=new.run_id,
+            created_at=utcnow(),
+        )
+        row.parent_links = [
+            CandidateParentModel(position=i, parent_id=p) for i, p in enumerate(new.parents)
+        ]
+        s.add(row)
+        s.flush()
+        return row
 
     @staticmethod
     def _by_digest(s: Session, workload_id: int, digest: str) -> CandidateModel | None:

@@ -162,3 +162,20 @@ def test_racing_promotions_leave_one_best(db_url: str, pop: Population, workload
     chain = pop.promotions(workload)
     assert [p.previous_best_id for p in chain] == [None, seed]
     assert pop.best(workload).candidate_id == winners[0].candidate_id  # type: ignore[union-attr, attr-defined]
+
+
+def test_a_proposal_is_stored_and_claimed_at_once(pop: Population, workload: int) -> None:
+    """Between storing a proposal and claiming it, no other process may take it for a
+    waiting registration: add_and_claim does both in one transaction."""
+    from evolve.population import NewCandidate
+
+    new = NewCandidate(workload_id=workload, origin="template", digest="p1", directory="gen/p1")
+    cand, created, eid = pop.add_and_claim(new, "check")
+    assert created and eid is not None and pop.evaluation(eid).candidate_id == cand.id  # type: ignore[union-attr]
+    assert pop.claim_next(workload, "check") is None           # never visible as waiting
+    again, created, eid2 = pop.add_and_claim(new, "check")
+    assert again.id == cand.id and not created and eid2 is None  # known and taken: a duplicate
+    waiting = make_candidate(pop, workload, "p2", origin="agent")
+    same = NewCandidate(workload_id=workload, origin="template", digest="p2", directory="gen/p2")
+    found, created, eid3 = pop.add_and_claim(same, "check")     # proposed what an agent registered
+    assert found.id == waiting and not created and eid3 is not None
