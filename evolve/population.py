@@ -671,9 +671,11 @@ class Population:
             return outcome.rowcount == 1  # type: ignore[attr-defined]
 
     def interrupted(self, run_id: int | None = None, *, heartbeat_timeout_s: float | None = None) -> list[Evaluation]:
-        """Evaluations still "running" whose owner run is dead: finished, heartbeat too old,
-        or its process gone from this host. `run_id=None` looks at every run; rows with no
-        run count as dead once they are older than the heartbeat timeout."""
+        """Evaluations still "running" whose owner is dead: their run (finished, heartbeat
+        too old, or no live process left), or, in a live run, the worker that holds them
+        (left, lease expired, or its process gone from this host). `run_id=None` looks at
+        every run; rows with no run count as dead once they are older than the heartbeat
+        timeout."""
         timeout = self.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
         query = select(EvaluationModel).where(EvaluationModel.status == "running").order_by(EvaluationModel.id)
         if run_id is not None:
