@@ -34,6 +34,10 @@ def test_a_run_ends_when_its_last_worker_leaves(pop: Population, workload: int) 
     assert not pop.leave_run(first, "finished")            # the other one is still working
     assert pop.run(run).state == "running" and pop.run_alive(pop.run(run))  # type: ignore[arg-type]
     assert not pop.heartbeat_worker(first)                  # it has left: no lease to renew
+    from evolve.commands.status import render_status, status_doc
+
+    assert "1 of 2 worker(s) alive: gpu-node-2:4242" in render_status(pop)
+    assert [w["alive"] for w in status_doc(pop)["runs"][0]["workers"]] == [False, True]
     assert pop.leave_run(second, "finished")
     ended = pop.run(run)
     assert ended is not None and ended.state == "finished" and ended.ended_at is not None
