@@ -92,6 +92,39 @@ class Bookkeeper:
         step(STEPS[8], lambda: pop.heartbeat_worker(self.worker))
 
 
+def _server_cpu_s(data_dir: Path) -> float:
+    """CPU seconds used so far by a local PostgreSQL server: the postmaster, its reaped
+    children (exited backends) and its live children (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+
+    def fields(pid: int) -> list[str]:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return text[text.rindex(")") + 2:].split()   # after "pid (comm) "
+
+    own = fields(postmaster)
+    total = sum(int(x) for x in own[11:15])          # utime stime cutime cstime
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != postmaster:
+            try:
+                f = fields(int(entry.name))
+            except (OSError, ValueError):
+                continue
+            if int(f[1]) == postmaster:               # ppid
+                total += int(f[11]) + int(f[12])
+    return total / tick
+
+
+def _commits(url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        n = int(conn.execute(text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar())
+    engine.dispose()
+    return n
+
+
 def _seed_best(url: str) -> None:
     """A promoted best, so the promoter's and the refresh's reads find one (as in a run)."""
     keeper = Bookkeeper(url, "seed")
@@ -167,6 +200,7 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.1f}")
         per_step: dict[str, dict[str, list[float]]] = {}
         totals: dict[str, list[float]] = {}
+        loads: dict[str, tuple[float, float | None, float | None]] = {}
         for backend, url in urls.items():
             _seed_best(url)
             keeper = Bookkeeper(url, f"one-{backend}")
@@ -174,10 +208,19 @@ def main() -> int:
                 keeper.evaluation()  # warm
             steps: dict[str, list[float]] = {name: [] for name in STEPS}
             whole = []
+            local = backend == "postgresql" and server is not None
+            cpu0, srv0 = time.process_time(), _server_cpu_s(server.data) if local else 0.0  # type: ignore[union-attr]
+            tx0 = _commits(url) if backend == "postgresql" else 0
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
                 keeper.evaluation(steps)
                 whole.append((time.perf_counter() - t0) * 1000.0)
+            client_ms = (time.process_time() - cpu0) * 1000.0 / args.repeat
+            server_ms = ((_server_cpu_s(server.data) - srv0) * 1000.0 / args.repeat  # type: ignore[union-attr]
+                         if local else None)
+            # Includes the one that read the counter before (pg_stat lags a little; an estimate).
+            commits = (_commits(url) - tx0) / args.repeat if backend == "postgresql" else None
+            loads[backend] = (client_ms, server_ms, commits)
             per_step[backend], totals[backend] = steps, whole
             keeper.pop.close()
 
@@ -189,6 +232,12 @@ def main() -> int:
         print("| **per evaluation** (median; p95) | " + " | ".join(
             f"**{statistics.median(totals[b]):.1f}**; {sorted(totals[b])[int(0.95 * (len(totals[b]) - 1))]:.1f}"
             for b in urls) + " |")
+        print("| client CPU ms per evaluation (evolve's process) | " + " | ".join(
+            f"{loads[b][0]:.1f}" for b in urls) + " |")
+        print("| database server CPU ms per evaluation | " + " | ".join(
+            "(in the client)" if loads[b][1] is None else f"{loads[b][1]:.1f}" for b in urls) + " |")
+        print("| transactions committed per evaluation | " + " | ".join(
+            "-" if loads[b][2] is None else f"{loads[b][2]:.1f}" for b in urls) + " |")
 
         print()
         print("| writers (processes on one run) | backend | evaluations/s (all) | median ms | p95 ms |")

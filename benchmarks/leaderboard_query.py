@@ -55,6 +55,7 @@ def fill(pop: Population, workload_id: int, n_evaluations: int, seed: int = 7) -
                     "directory": f"candidates/kda/bench/gen/{i:064x}",
                     "generation": i // 100,
                     "created_at": start + timedelta(seconds=i),
+                    "claimed_at": start + timedelta(seconds=i),   # every one has evaluations below
                 }
                 for i in range(n_candidates)
             ],

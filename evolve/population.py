@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, exists, func, select, update
@@ -518,6 +518,8 @@ class Population:
                     )
                     s.add(row)
                     s.flush()
+                    if last == 0:
+                        self._mark_claimed(s, candidate_id, row.started_at)
                     return row.id
             except IntegrityError:
                 # Another process inserted first (claim index or attempt number); look again.
@@ -551,8 +553,7 @@ class Population:
                 with self.db.write() as s:
                     query = (
                         select(CandidateModel.id)
-                        .where(CandidateModel.workload_id == workload_id,
-                               ~exists().where(EvaluationModel.candidate_id == CandidateModel.id))
+                        .where(CandidateModel.workload_id == workload_id, CandidateModel.claimed_at.is_(None))
                         .order_by(CandidateModel.id)
                         .limit(1)
                         .with_for_update(key_share=True, skip_locked=True)
@@ -579,13 +580,23 @@ class Population:
     def _start_first(s: Session, candidate_id: int, stage: str, run_id: int | None, worker_id: int | None) -> int | None:
         """In a transaction that holds the candidate's row lock: its first evaluation, or None
         if it has one already (this statement sees every claim committed before the lock)."""
+        now = utcnow()
         if s.scalar(select(EvaluationModel.id).where(EvaluationModel.candidate_id == candidate_id).limit(1)) is not None:
+            Population._mark_claimed(s, candidate_id, now)   # e.g. rows written before the column existed
             return None
         row = EvaluationModel(candidate_id=candidate_id, stage=stage, attempt=1, run_id=run_id, worker_id=worker_id,
-                              status="running", message="", metrics={}, started_at=utcnow())
+                              status="running", message="", metrics={}, started_at=now)
         s.add(row)
         s.flush()
+        Population._mark_claimed(s, candidate_id, now)
         return row.id
+
+    @staticmethod
+    def _mark_claimed(s: Session, candidate_id: int, when: datetime) -> None:
+        """The candidate no longer waits for a run (`claim_next` skips it from now on)."""
+        s.execute(update(CandidateModel)
+                  .where(CandidateModel.id == candidate_id, CandidateModel.claimed_at.is_(None))
+                  .values(claimed_at=when))
 
     @staticmethod
     def _check_claim_refs(

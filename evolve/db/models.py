@@ -133,6 +133,10 @@ class CandidateModel(Base):
         # The leaderboard walks these from the top: O(limit), however many evaluations.
         Index("ix_candidates_workload_best", "workload_id", "best_speedup"),
         Index("ix_candidates_best", "best_speedup"),
+        # Candidates waiting for a run, for `claim_next`: a scan of the few waiting rows
+        # instead of an anti-join over every evaluation.
+        Index("ix_candidates_waiting", "workload_id", "id",
+              sqlite_where=text("claimed_at IS NULL"), postgresql_where=text("claimed_at IS NULL")),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -152,6 +156,9 @@ class CandidateModel(Base):
     # Best passed "bench" speedup, kept by Population.finish_stage in the same
     # transaction (derived from evaluations; `Population.recompute_best_speedups` rebuilds it).
     best_speedup: Mapped[float | None] = mapped_column(Float)
+    # When its first evaluation was claimed; None while it waits for a run (an agent's
+    # registration). Set in the claiming transaction (Population.claim_next, begin_stage).
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     parent_links: Mapped[list[CandidateParentModel]] = relationship(
         foreign_keys=[CandidateParentModel.child_id],

@@ -5,6 +5,11 @@ a process whose heartbeat stops loses its running evaluations to the others, and
 ends when its last process leaves. Rows from before have no worker (the run's own
 heartbeat and pid still decide for them).
 
+And candidates.claimed_at, when a candidate's first evaluation was claimed (NULL: it
+waits for a run), with a partial index over the waiting ones: handing out waiting
+candidates then reads those few rows instead of anti-joining every evaluation. Existing
+candidates are backfilled from their first evaluation.
+
 Revision ID: 0004
 Revises: 0003
 Create Date: 2026-12-03 10:30:00
@@ -38,9 +43,20 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("worker_id", sa.Integer(), nullable=True))
         batch_op.create_foreign_key("fk_evaluations_worker_id_run_workers", "run_workers", ["worker_id"], ["id"])
         batch_op.create_index("ix_evaluations_worker_id", ["worker_id"], unique=False)
+    with op.batch_alter_table("candidates", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("claimed_at", sa.DateTime(), nullable=True))
+    op.execute(
+        "UPDATE candidates SET claimed_at = ("
+        " SELECT min(e.started_at) FROM evaluations AS e WHERE e.candidate_id = candidates.id)"
+    )
+    op.create_index("ix_candidates_waiting", "candidates", ["workload_id", "id"], unique=False,
+                    sqlite_where=sa.text("claimed_at IS NULL"), postgresql_where=sa.text("claimed_at IS NULL"))
 
 
 def downgrade() -> None:
+    op.drop_index("ix_candidates_waiting", table_name="candidates")
+    with op.batch_alter_table("candidates", schema=None) as batch_op:
+        batch_op.drop_column("claimed_at")
     with op.batch_alter_table("evaluations", schema=None) as batch_op:
         batch_op.drop_index("ix_evaluations_worker_id")
         batch_op.drop_constraint("fk_evaluations_worker_id_run_workers", type_="foreignkey")

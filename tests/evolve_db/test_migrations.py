@@ -79,7 +79,7 @@ def test_older_schema_is_refused_then_upgraded_with_its_data(empty_db_url: str) 
     upgrade(db, "0001")
     with db.write_connection() as conn:
         conn.execute(text("INSERT INTO workloads (id, name, path, created_at) VALUES (1, 'w', 'p', '2026-01-01 00:00:00')"))
-        for cid, digest in ((1, "a"), (2, "b")):
+        for cid, digest in ((1, "a"), (2, "b"), (3, "waiting")):   # 3: registered, never evaluated
             conn.execute(
                 text(
                     "INSERT INTO candidates (id, workload_id, origin, params, digest, directory, generation, created_at)"
@@ -104,6 +104,10 @@ def test_older_schema_is_refused_then_upgraded_with_its_data(empty_db_url: str) 
     db.close()
     pop = Population.open(db_url)
     assert [(r.candidate_id, r.speedup) for r in pop.leaderboard()] == [(2, 2.5), (1, 1.5)]
+    # 0004 backfilled claimed_at: only the never-evaluated candidate is handed out as waiting.
+    claim = pop.claim_next(1, "check")
+    assert claim is not None and claim[0].id == 3
+    assert pop.claim_next(1, "check") is None
     pop.close()
 
 
