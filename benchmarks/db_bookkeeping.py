@@ -115,14 +115,22 @@ def _server_cpu_s(data_dir: Path) -> float:
     return total / tick
 
 
-def _commits(url: str) -> int:
-    from sqlalchemy import create_engine, text
+class RoundTrips:
+    """Statements and commits an engine sends (SQLAlchemy events: exact, and the same on
+    both backends; each statement is one round trip to a PostgreSQL server)."""
 
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        n = int(conn.execute(text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar())
-    engine.dispose()
-    return n
+    def __init__(self, engine: object) -> None:
+        from sqlalchemy import event
+
+        self.statements = self.commits = 0
+        event.listen(engine, "before_cursor_execute", self._statement)
+        event.listen(engine, "commit", self._commit)
+
+    def _statement(self, *_: object) -> None:
+        self.statements += 1
+
+    def _commit(self, *_: object) -> None:
+        self.commits += 1
 
 
 def _seed_best(url: str) -> None:
@@ -177,7 +185,7 @@ def main() -> int:
     ap.add_argument("--pg-url", help="an existing PostgreSQL database (default: a throwaway server)")
     args = ap.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    writer_counts = [int(w) for w in args.writers.split(",") if w.strip()]
+    writer_counts = [int(w) for w in args.writers.split(",") if w.strip()]   # "" for none
     tmp = tempfile.TemporaryDirectory()
     server = None
     urls: dict[str, str] = {}
@@ -200,7 +208,7 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.1f}")
         per_step: dict[str, dict[str, list[float]]] = {}
         totals: dict[str, list[float]] = {}
-        loads: dict[str, tuple[float, float | None, float | None]] = {}
+        loads: dict[str, tuple[float, float | None, float, float]] = {}
         for backend, url in urls.items():
             _seed_best(url)
             keeper = Bookkeeper(url, f"one-{backend}")
@@ -209,8 +217,8 @@ def main() -> int:
             steps: dict[str, list[float]] = {name: [] for name in STEPS}
             whole = []
             local = backend == "postgresql" and server is not None
+            trips = RoundTrips(keeper.pop.db.engine)
             cpu0, srv0 = time.process_time(), _server_cpu_s(server.data) if local else 0.0  # type: ignore[union-attr]
-            tx0 = _commits(url) if backend == "postgresql" else 0
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
                 keeper.evaluation(steps)
@@ -218,9 +226,7 @@ def main() -> int:
             client_ms = (time.process_time() - cpu0) * 1000.0 / args.repeat
             server_ms = ((_server_cpu_s(server.data) - srv0) * 1000.0 / args.repeat  # type: ignore[union-attr]
                          if local else None)
-            # Includes the one that read the counter before (pg_stat lags a little; an estimate).
-            commits = (_commits(url) - tx0) / args.repeat if backend == "postgresql" else None
-            loads[backend] = (client_ms, server_ms, commits)
+            loads[backend] = (client_ms, server_ms, trips.commits / args.repeat, trips.statements / args.repeat)
             per_step[backend], totals[backend] = steps, whole
             keeper.pop.close()
 
@@ -236,8 +242,9 @@ def main() -> int:
             f"{loads[b][0]:.1f}" for b in urls) + " |")
         print("| database server CPU ms per evaluation | " + " | ".join(
             "(in the client)" if loads[b][1] is None else f"{loads[b][1]:.1f}" for b in urls) + " |")
-        print("| transactions committed per evaluation | " + " | ".join(
-            "-" if loads[b][2] is None else f"{loads[b][2]:.1f}" for b in urls) + " |")
+        print("| transactions per evaluation | " + " | ".join(f"{loads[b][2]:.1f}" for b in urls) + " |")
+        print("| SQL statements per evaluation (with BEGIN, COMMIT) | " + " | ".join(
+            f"{loads[b][3]:.1f}" for b in urls) + " |")
 
         print()
         print("| writers (processes on one run) | backend | evaluations/s (all) | median ms | p95 ms |")
