@@ -300,10 +300,14 @@ class SearchLoop:
             jobs, retried = self._resume_jobs(prev, stages)
         if self.join is not None:
             run_id = self._run_to_join(workload_id)
+            try:
+                worker_id = self.pop.join_run(run_id)
+            except ValueError as exc:   # its last worker left since we looked
+                raise JoinError(str(exc)) from None
         else:
             record = cfg.to_record() | {"resumed_from": prev.id if prev else None}
             run_id = self.pop.start_run(workload_id, record, cfg.strategy.kind)
-        worker_id = self.pop.join_run(run_id)
+            worker_id = self.pop.join_run(run_id)
         self._run_id = run_id
 
         stats = RunStats()

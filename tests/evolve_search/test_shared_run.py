@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 
 from tests.evolve_search.helpers import cli_env, evolve_cmd, population, wait_for, write_config
@@ -94,4 +95,34 @@ def test_two_orchestrators_share_one_run_while_agents_register(tmp_path, cpu_ser
     chain = pop.promotions(wid)
     assert chain and chain[0].previous_best_id is None
     assert [p.previous_best_id for p in chain[1:]] == [p.candidate_id for p in chain[:-1]]
+    pop.close()
+
+
+def test_join_needs_a_live_run_and_excludes_resume(tmp_path, cpu_server, capsys, monkeypatch):
+    """In-process (`evolve.cli.main`), as a subprocess costs seconds of imports here."""
+    from evolve.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KCORAL_REMOTE", raising=False)
+    cfg = write_config(tmp_path, max_evals=1, gputest=False)
+    db = f"sqlite:///{tmp_path / 'evolve.db'}"
+
+    def evolve(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main(["run", str(cfg), "--db", db, *args])
+        return code, capsys.readouterr().err
+
+    code, err = evolve("--join", "--resume")
+    assert code == 2 and "pick one" in err
+    code, err = evolve("--join", "seven")
+    assert code == 2 and "run id" in err
+    previous = signal.getsignal(signal.SIGTERM)   # `evolve run` installs its own handler
+    try:
+        code, err = evolve("--remote", cpu_server.url, "--join")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 2 and "no live run of workload 'forward_cpu_small'" in err, err
+    pop = population(db)
+    wid = pop.workload_id("forward_cpu_small")
+    assert pop.runs(wid) == [] and pop.candidates(wid) == []    # refused before anything was recorded
     pop.close()
