@@ -183,3 +183,29 @@ def test_a_proposal_is_stored_and_claimed_at_once(pop: Population, workload: int
     same = NewCandidate(workload_id=workload, origin="template", digest="p2", directory="gen/p2")
     found, created, eid3 = pop.add_and_claim(same, "check")     # proposed what an agent registered
     assert found.id == waiting and not created and eid3 is not None
+
+
+def test_the_loop_retries_what_a_lost_worker_held_once(pop: Population, workload: int, tmp_path) -> None:
+    """SearchLoop._reclaim, as each live worker calls it on its heartbeat: the lost
+    worker's running stage becomes one retry job, for one survivor only, and a candidate
+    whose folder this host cannot see is left alone."""
+    from evolve.loop import SearchLoop
+
+    run = pop.start_run(workload, {}, "evolution")
+    alive, other, lost = pop.join_run(run), pop.join_run(run), pop.join_run(run, host="gone-host", pid=7)
+    seen = make_candidate(pop, workload, "seen", directory=str(tmp_path))
+    unseen = make_candidate(pop, workload, "unseen", directory=str(tmp_path / "elsewhere"))
+    held = pop.begin_stage(seen, "bench", run_id=run, worker_id=lost)
+    hidden = pop.begin_stage(unseen, "check", run_id=run, worker_id=lost)
+    mine = make_candidate(pop, workload, "mine")
+    assert pop.begin_stage(mine, "check", run_id=run, worker_id=alive) is not None
+    _age_worker(pop, lost, pop.heartbeat_timeout_s + 5)
+
+    loop = object.__new__(SearchLoop)     # only its population is used here
+    loop.pop = pop
+    usable = lambda cand: __import__("pathlib").Path(cand.directory).is_dir()  # noqa: E731
+    jobs = SearchLoop._reclaim(loop, run, alive, usable)
+    assert [(j.candidate_id, j.retry_of) for j in jobs] == [(seen, {"bench": held})]
+    assert SearchLoop._reclaim(loop, run, other, usable) == []     # already taken by the first
+    assert pop.evaluation(held).status == "interrupted"  # type: ignore[union-attr]
+    assert pop.evaluation(hidden).status == "running"    # type: ignore[union-attr]   # for a host that sees it
