@@ -4,7 +4,10 @@ Fills a fresh SQLite database with N evaluations (bulk insert, bypassing the ORM
 times the read queries the CLI and the search use, and the per-operation cost of the
 writes the orchestrator makes for every candidate. Prints a table.
 
-    python benchmarks/leaderboard_query.py [--evaluations 100000] [--repeat 30] [--db URL]
+    python benchmarks/leaderboard_query.py [--evaluations 100000] [--repeat 30] [--db URL | --postgres]
+
+`--postgres` runs it on a throwaway PostgreSQL server on loopback (tests/pgserver.py:
+initdb + pg_ctl, durability off); `--db postgresql+psycopg://...` on an existing one.
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import insert
+from sqlalchemy import insert, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evolve.db import open_database
 from evolve.db.models import CandidateModel, EvaluationModel, utcnow
@@ -50,6 +55,7 @@ def fill(pop: Population, workload_id: int, n_evaluations: int, seed: int = 7) -
                     "directory": f"candidates/kda/bench/gen/{i:064x}",
                     "generation": i // 100,
                     "created_at": start + timedelta(seconds=i),
+                    "claimed_at": start + timedelta(seconds=i),   # every one has evaluations below
                 }
                 for i in range(n_candidates)
             ],
@@ -102,15 +108,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=30, help="repeats of the fast queries (whole-population reads: 3)")
     ap.add_argument("--ops", type=int, default=300, help="candidates for the per-operation costs")
     ap.add_argument("--db", help="database URL (default: a fresh SQLite file in a temporary folder)")
+    ap.add_argument("--postgres", action="store_true", help="a throwaway PostgreSQL server instead of SQLite")
     args = ap.parse_args(argv)
 
     tmp = tempfile.TemporaryDirectory()
-    url = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
+    server = None
+    if args.postgres:
+        from tests.pgserver import TemporaryPostgres
+
+        server = TemporaryPostgres().start()
+        url = server.create_database("bench")
+    else:
+        url = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
     pop = Population(open_database(url))
     wid = pop.ensure_workload("bench_workload", "candidates/kda/bench_workload")
     t0 = time.perf_counter()
     n_candidates = fill(pop, wid, args.evaluations)
+    if pop.db.is_postgresql:
+        # Planner statistics, as autovacuum gathers them after a bulk load on a live server.
+        with pop.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("ANALYZE"))
     fill_s = time.perf_counter() - t0
+    if pop.db.is_postgresql:
+        with pop.db.engine.connect() as conn:
+            engine_version = "postgresql " + str(conn.execute(text("SHOW server_version")).scalar())
+    else:
+        engine_version = f"sqlite {sqlite3.sqlite_version}"
 
     # (name, call, repeats): the whole-population reads are repeated less often.
     few = max(1, min(args.repeat, 3))
@@ -120,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         ("leaderboard(workload, limit=100)", lambda: pop.leaderboard(wid, limit=100), args.repeat),
         ("best(workload)", lambda: pop.best(wid), args.repeat),
         ("unevaluated(workload)", lambda: pop.unevaluated(wid), args.repeat),
+        ("claim_next(workload): none waiting (every new job)", lambda: pop.claim_next(wid, "check"), args.repeat),
         ("status_counts()", lambda: pop.status_counts(), few),
         ("correct(workload): every correct candidate", lambda: pop.correct(wid), few),
         ("evaluations_of(workload): every evaluation", lambda: pop.evaluations_of(wid), few),
@@ -127,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         ("render_report(workload)", lambda: render_report(pop, wid), few),
     ]
     print(f"# {args.evaluations:,} evaluations over {n_candidates:,} candidates, filled in {fill_s:.1f} s")
-    print(f"# python {platform.python_version()}, sqlite {sqlite3.sqlite_version}, {platform.machine()}, "
+    print(f"# python {platform.python_version()}, {engine_version}, {platform.machine()}, "
           f"{platform.system()}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}")
     print()
     print("| query | median ms | p95 ms | min ms | rows (report: bytes) |")
@@ -166,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     per_candidate = statistics.fmean(adds) + 5 * (statistics.fmean(begins) + statistics.fmean(finishes))
     print(f"| per candidate (add + 5 stages × (begin + finish)) | {per_candidate:.2f} | | |")
     pop.db.close()
+    if server is not None:
+        server.stop()
     tmp.cleanup()
     return 0
 

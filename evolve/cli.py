@@ -38,22 +38,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, OperationalError
 
-    from evolve.db import UnreadableDatabaseError, default_url
-    from evolve.db.integrity import explain
+    from evolve.db import DatabaseUnavailableError, UnreadableDatabaseError, default_url
+    from evolve.db.integrity import explain, sqlite_file
 
     args = build_parser().parse_args(argv)
+    url = getattr(args, "db", None) or default_url()
     try:
         return int(args.func(args) or 0)
-    except UnreadableDatabaseError as exc:
+    except (UnreadableDatabaseError, DatabaseUnavailableError) as exc:
         return _database_failure(exc)
     except DBAPIError as exc:
         # Damage found mid-command (after open_database's check) reads the same.
-        unreadable = explain(exc, getattr(args, "db", None) or default_url())
-        if unreadable is None:
-            raise
-        return _database_failure(unreadable)
+        unreadable = explain(exc, url)
+        if unreadable is not None:
+            return _database_failure(unreadable)
+        if isinstance(exc, OperationalError) and sqlite_file(url) is None and "://" in url:
+            # A database server that is down or refuses us: one line, not a driver traceback.
+            reason = next((ln.strip() for ln in str(exc.orig).splitlines() if ln.strip()), type(exc.orig).__name__)
+            return _database_failure(DatabaseUnavailableError(f"the database at {_shown(url)} is unreachable: {reason}"))
+        raise
+
+
+def _shown(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - only for a message
+        return "(the given URL)"
 
 
 def _database_failure(exc: Exception) -> int:

@@ -1,10 +1,13 @@
 """The run loop: propose, render, register, evaluate, promote, within budgets.
 
-Work is taken in this order: evaluations a dead process of the resumed run left
-unfinished (retried as new attempts with `retry_of`), then candidates waiting in the
-population (agent registrations), then the strategy's proposals. Pipelines run on a
-thread pool one wider than the GPU concurrency, so a CPU check overlaps the GPU stages;
-the GPU stages themselves pass through the context's gate.
+Work is taken in this order: evaluations a dead process left unfinished (of the
+resumed run, or of a worker of this run whose heartbeat stopped; retried as new
+attempts with `retry_of`), then candidates waiting in the population (agent
+registrations), then the strategy's proposals. A candidate is claimed before its
+pipeline starts (its first stage's evaluation is the claim), so several processes
+working on one run (`--join`, any hosts on one database) never take the same one.
+Pipelines run on a thread pool one wider than the GPU concurrency, so a CPU check
+overlaps the GPU stages; the GPU stages themselves pass through the context's gate.
 """
 from __future__ import annotations
 
@@ -44,6 +47,14 @@ MAX_DUPLICATES = 64          # consecutive already-known proposals before the sp
 class Job(BaseModel):
     candidate_id: int
     retry_of: dict[str, int] = Field(default_factory=dict)
+    claimed: dict[str, int] = Field(default_factory=dict)   # stage -> evaluation this process claimed
+
+
+class JoinError(ValueError):
+    """`--join` named no run this process can work on."""
+
+
+JOIN_LATEST = "latest"
 
 
 class RunSummary(BaseModel):
@@ -60,6 +71,8 @@ class RunSummary(BaseModel):
     gpu_busy: float | None = None     # lease-held fraction of the run's wall time per server GPU
     resumed_from: int | None = None
     retried: list[int] = Field(default_factory=list)   # evaluation ids retried on resume
+    worker_id: int | None = None       # this process's worker row in the run
+    joined: bool = False               # it joined a run another process started
 
 
 def server_concurrency(health: dict) -> int:
@@ -154,7 +167,8 @@ class Progress:
 
 class SearchLoop:
     def __init__(self, config: RunConfig, client: Client, pop: Population, *, resume: bool = False,
-                 stream: TextIO | None = None, progress_interval_s: float = 5.0, events: EventHook | None = None):
+                 stream: TextIO | None = None, progress_interval_s: float = 5.0, events: EventHook | None = None,
+                 join: int | str | None = None):
         self.config = config
         self.events = events or EventHook(None)
         self.breaker = FailureBreaker(config.budget.max_same_failures)
@@ -163,6 +177,9 @@ class SearchLoop:
         self.client = client
         self.pop = pop
         self.resume = resume
+        if resume and join is not None:
+            raise JoinError("--resume starts a new run that finishes a dead one; --join works on a live one: pick one")
+        self.join = join
         self.stream = stream or sys.stderr
         self.progress_interval_s = progress_interval_s
         self.cancel = threading.Event()
@@ -203,25 +220,62 @@ class SearchLoop:
                     jobs[cand.id] = Job(candidate_id=cand.id)
         return list(jobs.values()), retried
 
+    def _run_to_join(self, workload_id: int) -> int:
+        """The live run `self.join` names (a run id, or the workload's newest live run)."""
+        if self.join == JOIN_LATEST:
+            for run in reversed(self.pop.runs(workload_id)):
+                if self.pop.run_alive(run):
+                    return run.id
+            raise JoinError(f"no live run of workload {self.config.workload_name!r} to join; "
+                            "start one with `evolve run` (without --join)")
+        run = self.pop.run(int(self.join))  # type: ignore[arg-type]
+        if run is None:
+            raise JoinError(f"no run {self.join} in the database")
+        if run.workload_id != workload_id:
+            raise JoinError(f"run {run.id} searches another workload (id {run.workload_id}), "
+                            f"not {self.config.workload_name!r}")
+        if not self.pop.run_alive(run):
+            raise JoinError(f"run {run.id} is not alive (state {run.state}); `evolve run --resume` continues a dead run")
+        return run.id
+
+    def _reclaim(self, run_id: int, worker_id: int, usable) -> list[Job]:  # type: ignore[no-untyped-def]
+        """Jobs that retry what workers of this run left when their lease ran out (each
+        row is marked interrupted compare-and-set, so one survivor retries it). A
+        candidate whose folder this host cannot see is left to a process that can."""
+        jobs: dict[int, Job] = {}
+        for ev in self.pop.interrupted(run_id):
+            if ev.worker_id is None or ev.worker_id == worker_id:
+                continue
+            cand = self.pop.candidate(ev.candidate_id)
+            if cand is None or not usable(cand):
+                continue
+            if self.pop.mark_interrupted(ev.id, f"interrupted: worker {ev.worker_id} of run {run_id} stopped "
+                                                f"beating; retried by worker {worker_id}"):
+                jobs.setdefault(ev.candidate_id, Job(candidate_id=ev.candidate_id)).retry_of[ev.stage] = ev.id
+        return list(jobs.values())
+
     # ---- the search state --------------------------------------------------------------
     def _state(self, workload_id: int, tried: set, proposals: int) -> SearchState:
         correct = [Parent(id=c.id, family=c.family, params=c.params, speedup=s, generation=c.generation)
                    for c, s in self.pop.correct(workload_id)]
         return SearchState(correct=correct, tried=tried, proposal_index=proposals)
 
-    def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int) -> Candidate | None:
+    def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int, worker_id: int,
+                  stage: str) -> tuple[Candidate, int | None] | None:
+        """Render and store a proposal, claimed for this process in the same transaction:
+        (candidate, its first stage's evaluation, or None if it was known and evaluated)."""
         family = families[proposal.family]
         try:
             directory = render_candidate(family, proposal.params, self.config.gen_dir)
         except RenderError as exc:
             log.error("render failed: %s", exc)
             return None
-        cand, _created = self.pop.add_candidate(NewCandidate(
+        cand, _created, eid = self.pop.add_and_claim(NewCandidate(
             workload_id=workload_id, origin="seed" if proposal.operator == "seed" else "template",
             family=family.name, params=proposal.params, digest=directory.name,
             directory=display_path(directory), parents=proposal.parents, generation=proposal.generation,
-            operator=proposal.operator, run_id=run_id))
-        return cand
+            operator=proposal.operator, run_id=run_id), stage, worker_id=worker_id)
+        return cand, eid
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -244,8 +298,16 @@ class SearchLoop:
             self.stream.write("evolve: nothing to resume for this workload; starting a new run\n")
         if prev is not None:
             jobs, retried = self._resume_jobs(prev, stages)
-        record = cfg.to_record() | {"resumed_from": prev.id if prev else None}
-        run_id = self.pop.start_run(workload_id, record, cfg.strategy.kind)
+        if self.join is not None:
+            run_id = self._run_to_join(workload_id)
+            try:
+                worker_id = self.pop.join_run(run_id)
+            except ValueError as exc:   # its last worker left since we looked
+                raise JoinError(str(exc)) from None
+        else:
+            record = cfg.to_record() | {"resumed_from": prev.id if prev else None}
+            run_id = self.pop.start_run(workload_id, record, cfg.strategy.kind)
+            worker_id = self.pop.join_run(run_id)
         self._run_id = run_id
 
         stats = RunStats()
@@ -253,10 +315,18 @@ class SearchLoop:
                            workload_dir=cfg.workload_dir, run_id=run_id, stages=cfg.stages, families=families,
                            gate=GpuGate(self.client, slots, cfg.remote.max_queue),
                            transport_wait_s=cfg.remote.transport_wait_s, root_dir=cfg.root_dir, stats=stats,
-                           cancel=self.cancel)
+                           cancel=self.cancel, worker_id=worker_id)
         promoter = Promoter(ctx, cfg.promotion)
+
+        def usable(cand: Candidate) -> bool:
+            # Processes on other hosts share the database, not necessarily the disk.
+            return ctx.candidate_dir(cand).is_dir()
+
+        if self.join is not None:
+            jobs.extend(self._reclaim(run_id, worker_id, usable))
         strategy = make_strategy(cfg.strategy, families)
-        rng = random.Random(f"{cfg.strategy.seed}:{run_id}")
+        # A joined process draws its own proposals, not the same ones as the run's first.
+        rng = random.Random(f"{cfg.strategy.seed}:{run_id}" + (f":{worker_id}" if self.join is not None else ""))
         lease_clock = LeaseClock(lambda: self.client.health(retry=False, timeout_s=2.0))
         lease_clock.start(health)
         progress = Progress(self.stream, slots, self.progress_interval_s,
@@ -276,7 +346,7 @@ class SearchLoop:
         def job_fn(job: Job) -> tuple[PipelineOutcome, Decision | None]:
             cand = self.pop.candidate(job.candidate_id)
             assert cand is not None
-            outcome = run_pipeline(ctx, cand, stages, job.retry_of)
+            outcome = run_pipeline(ctx, cand, stages, job.retry_of, job.claimed)
             decision = None
             if outcome.passed and outcome.bench is not None and "bench" in stages:
                 decision = promoter.consider(cand, outcome.bench, retry_of=job.retry_of.get(CONFIRM_STAGE))
@@ -286,9 +356,13 @@ class SearchLoop:
             nonlocal proposals, exhausted
             if jobs:
                 return jobs.pop(0)
-            for cand in self.pop.unevaluated(workload_id):
-                if cand.id not in submitted:
-                    return Job(candidate_id=cand.id)
+            if not stages:   # nothing to evaluate a candidate with, so nothing to claim
+                exhausted = True
+                return None
+            first = stages[0]
+            waiting = self.pop.claim_next(workload_id, first, run_id=run_id, worker_id=worker_id, usable=usable)
+            if waiting is not None:
+                return Job(candidate_id=waiting[0].id, claimed={first: waiting[1]})
             duplicates = 0
             while duplicates < MAX_DUPLICATES:
                 proposal = strategy.propose(self._state(workload_id, tried, proposals), rng)
@@ -297,14 +371,15 @@ class SearchLoop:
                     return None
                 proposals += 1
                 tried.add(proposal.key)
-                cand = self._register(families, proposal, workload_id, run_id)
-                if cand is None:
+                registered = self._register(families, proposal, workload_id, run_id, worker_id, first)
+                if registered is None:
                     stats.failures["render"] += 1
                     duplicates += 1  # a broken template must not spin this loop
                     continue
+                cand, eid = registered
                 tried.add(point_key(cand.family or "", cand.params))
-                if cand.id not in submitted and not self.pop.evaluations(cand.id):
-                    return Job(candidate_id=cand.id)
+                if eid is not None:
+                    return Job(candidate_id=cand.id, claimed={first: eid})
                 duplicates += 1
             exhausted = not futures  # nothing new nearby and nothing running: the space is used up
             return None
@@ -343,13 +418,18 @@ class SearchLoop:
                 with stats.lock:
                     stats.in_flight = len(futures)
                 if time.monotonic() - last_beat > HEARTBEAT_S:
-                    self.pop.heartbeat_run(run_id)
+                    if not self.pop.heartbeat_worker(worker_id):
+                        log.warning("worker %s of run %s had left the run; its heartbeat was not renewed",
+                                    worker_id, run_id)
+                    jobs.extend(self._reclaim(run_id, worker_id, usable))
                     last_beat = time.monotonic()
                 progress.update(stats)
         except KeyboardInterrupt:
             self.cancel.set()
             # Marked first: if the user abandons the stages in flight, --resume retries them.
-            self.pop.finish_run(run_id, "interrupted")
+            # (A run other live processes work on goes on; this one keeps its lease while
+            # its stages finish.)
+            self.pop.leave_run(worker_id, "interrupted", still_working=True)
             progress.close(stats, sample=False)
             if futures:
                 self.stream.write(f"evolve: interrupted; finishing {len(futures)} stage(s) in flight "
@@ -367,14 +447,16 @@ class SearchLoop:
                 # them interrupted and retries them; no thread lives to record a result.
                 # (A normal exit would wait for worker threads blocked in HTTP calls.)
                 os._exit(130)
+            self.pop.leave_run(worker_id, "interrupted")
             raise
         except BaseException:
             self.cancel.set()
             executor.shutdown(wait=True, cancel_futures=True)
-            self.pop.finish_run(run_id, "failed")
+            self.pop.leave_run(worker_id, "failed")
             raise
         executor.shutdown(wait=True)
-        self.pop.finish_run(run_id, "failed" if self.aborted else "finished")
+        # The run ends when its last live worker leaves; until then the others go on.
+        self.pop.leave_run(worker_id, "failed" if self.aborted else "finished")
         progress.close(stats)
         best = self.pop.best(workload_id)
         self.events.emit(EventKind.ABORT if self.aborted else EventKind.FINISH, run_id=run_id,
@@ -385,6 +467,7 @@ class SearchLoop:
                           failures=dict(stats.failures), promotions=stats.promotions,
                           best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup,
                           stopped_because=stopped, resumed_from=prev.id if prev else None, retried=retried,
+                          worker_id=worker_id, joined=self.join is not None,
                           gpu_busy=lease_clock.sample() if progress.has_gpu else None)
 
     # ---- helpers -----------------------------------------------------------------------

@@ -1,18 +1,26 @@
 """The population: everything the search knows, and the only way it reaches the database.
 
-Each method is one short transaction. Writes take SQLite's write lock when they begin
-(see `evolve.db.engine`), so concurrent processes queue. State changes are
-compare-and-set UPDATEs on the current status, so two processes never both finish,
-interrupt or claim the same evaluation: `begin_stage` is backed by a partial unique
-index (one running-or-passed row per candidate and stage, except repeatable stages such
-as "confirm"), `finish_stage` and `mark_interrupted` only move rows that are "running".
+Each method is one short transaction. On SQLite, writes take the write lock when they
+begin (see `evolve.db.engine`), so concurrent processes queue; on PostgreSQL writers run
+side by side and the few steps that must not interleave lock the row they are about:
+a claim locks its candidate, a promotion its workload, joining and leaving a run the
+run. State changes are compare-and-set UPDATEs on the current status, so two processes
+never both finish, interrupt or claim the same evaluation: `begin_stage` is backed by a
+partial unique index (one running-or-passed row per candidate and stage, except
+repeatable stages such as "confirm"), `finish_stage` and `mark_interrupted` only move
+rows that are "running". `claim_next` hands each process a different waiting candidate
+(`FOR NO KEY UPDATE SKIP LOCKED` on PostgreSQL), the unique index still being the judge.
+
+Several processes may work on one run (`join_run`): each is a worker whose heartbeat is
+its lease on the evaluations it holds; a worker that stops beating loses them
+(`interrupted`), and the run ends when its last worker leaves (`leave_run`).
 """
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, exists, func, select, update
@@ -30,6 +38,7 @@ from evolve.db.models import (
     PromotionConfirmationModel,
     PromotionModel,
     RunModel,
+    RunWorkerModel,
     WorkloadModel,
     utcnow,
 )
@@ -53,6 +62,7 @@ from evolve.db.records import (
     Run,
     RunState,
     RunThroughput,
+    RunWorker,
     StageLogs,
     StageResult,
     StatusCount,
@@ -69,6 +79,7 @@ __all__ = [
     "Population",
     "Promotion",
     "Run",
+    "RunWorker",
     "StageLogs",
     "StageResult",
     "StatusCount",
@@ -77,6 +88,7 @@ __all__ = [
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 300.0
 _CLAIM_RETRIES = 8
+_CLAIM_SCAN = 64      # waiting candidates `claim_next` looks at before it gives up for now
 _LIVE = ("running", "passed")
 
 
@@ -229,15 +241,92 @@ class Population:
             return [Run.model_validate(r) for r in s.scalars(query)]
 
     def run_alive(self, run: Run, *, heartbeat_timeout_s: float | None = None) -> bool:
-        """Running, with a fresh heartbeat, and (on this host) its process still exists."""
+        """Running, with a fresh heartbeat, and one of its workers alive (a run without
+        worker rows, from before they existed: its own process still exists on this host)."""
         if run.state != "running":
             return False
         timeout = self.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
         if utcnow() - run.heartbeat_at > timedelta(seconds=timeout):
             return False
+        workers = self.workers(run.id)
+        if workers:
+            return any(self.worker_alive(w, heartbeat_timeout_s=timeout) for w in workers)
         if run.host == self.host and not pid_exists(run.pid):
             return False
         return True
+
+    # ------------------------------------------------------------------ workers
+    def join_run(self, run_id: int, *, host: str | None = None, pid: int | None = None) -> int:
+        """Add a worker (this process, by default) to running run `run_id`; its id.
+        KeyError for no such run, ValueError for a run that is not running."""
+        with self.db.write() as s:
+            # Locked against a last worker leaving (and so ending the run) meanwhile.
+            run = s.scalar(select(RunModel).where(RunModel.id == run_id).with_for_update(key_share=True))
+            if run is None:
+                raise KeyError(f"no run with id {run_id}")
+            if run.state != "running":
+                raise ValueError(f"run {run_id} is {run.state}, not running")
+            now = utcnow()
+            row = RunWorkerModel(run_id=run_id, host=host or self.host, pid=os.getpid() if pid is None else pid,
+                                 started_at=now, heartbeat_at=now)
+            s.add(row)
+            run.heartbeat_at = now
+            s.flush()
+            return row.id
+
+    def heartbeat_worker(self, worker_id: int) -> bool:
+        """Renew a worker's lease (and its run's heartbeat); False if the worker has left."""
+        with self.db.write() as s:
+            now = utcnow()
+            # The run first, then the worker: the order join_run and leave_run lock them in.
+            run_id = (select(RunWorkerModel.run_id)
+                      .where(RunWorkerModel.id == worker_id, RunWorkerModel.ended_at.is_(None))
+                      .scalar_subquery())
+            s.execute(update(RunModel).where(RunModel.id == run_id, RunModel.state == "running")
+                      .values(heartbeat_at=now))
+            result = s.execute(update(RunWorkerModel)
+                               .where(RunWorkerModel.id == worker_id, RunWorkerModel.ended_at.is_(None))
+                               .values(heartbeat_at=now))
+            return result.rowcount == 1  # type: ignore[attr-defined]
+
+    def leave_run(self, worker_id: int, state: RunState, *, still_working: bool = False) -> bool:
+        """The worker leaves its run; when no other worker of the run is alive, the run
+        ends in `state`. True if this call ended the run.
+
+        `still_working`: the run may end, but the worker keeps its lease (its stages in
+        flight are finishing; call again without it when they have)."""
+        if state == "running":
+            raise ValueError("leave_run needs a final state: finished, failed or interrupted")
+        with self.db.write() as s:
+            worker = s.get(RunWorkerModel, worker_id)
+            if worker is None:
+                raise KeyError(f"no run worker with id {worker_id}")
+            run = s.scalar(select(RunModel).where(RunModel.id == worker.run_id).with_for_update(key_share=True))
+            assert run is not None
+            now = utcnow()
+            if not still_working:
+                worker.heartbeat_at = now
+                worker.ended_at = worker.ended_at or now
+            others = s.scalars(select(RunWorkerModel).where(
+                RunWorkerModel.run_id == run.id, RunWorkerModel.id != worker_id, RunWorkerModel.ended_at.is_(None)))
+            if run.state != "running" or any(self.worker_alive(RunWorker.model_validate(w)) for w in others):
+                return False
+            run.state, run.ended_at, run.heartbeat_at = state, now, now
+            return True
+
+    def workers(self, run_id: int) -> list[RunWorker]:
+        with self.db.read() as s:
+            return [RunWorker.model_validate(w) for w in
+                    s.scalars(select(RunWorkerModel).where(RunWorkerModel.run_id == run_id).order_by(RunWorkerModel.id))]
+
+    def worker_alive(self, worker: RunWorker, *, heartbeat_timeout_s: float | None = None) -> bool:
+        """Not left, its lease (heartbeat) fresh, and (on this host) its process still exists."""
+        if worker.ended_at is not None:
+            return False
+        timeout = self.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
+        if utcnow() - worker.heartbeat_at > timedelta(seconds=timeout):
+            return False
+        return not (worker.host == self.host and not pid_exists(worker.pid))
 
     # --------------------------------------------------------------- candidates
     def add_candidate(self, new: NewCandidate) -> tuple[Candidate, bool]:
@@ -248,28 +337,7 @@ class Population:
                 existing = self._by_digest(s, new.workload_id, new.digest)
                 if existing is not None:
                     return candidate_snapshot(existing), False
-                self._check_candidate_refs(s, new)
-                row = CandidateModel(
-                    workload_id=new.workload_id,
-                    name=new.name,
-                    origin=new.origin,
-                    family=new.family,
-                    params=new.params,
-                    digest=new.digest,
-                    directory=new.directory,
-                    generation=new.generation,
-                    operator=new.operator,
-                    author=new.author,
-                    notes=new.notes,
-                    run_id=new.run_id,
-                    created_at=utcnow(),
-                )
-                row.parent_links = [
-                    CandidateParentModel(position=i, parent_id=p) for i, p in enumerate(new.parents)
-                ]
-                s.add(row)
-                s.flush()
-                return candidate_snapshot(row), True
+                return candidate_snapshot(self._insert_candidate(s, new)), True
         except IntegrityError:
             # Lost a race on (workload_id, digest) where the backend doesn't serialise writers.
             with self.db.read() as s:
@@ -277,6 +345,49 @@ class Population:
                 if existing is None:
                     raise
                 return candidate_snapshot(existing), False
+
+    def add_and_claim(self, new: NewCandidate, stage: str, *, worker_id: int | None = None
+                      ) -> tuple[Candidate, bool, int | None]:
+        """A proposal stored and claimed in one transaction, so no other process can take it
+        for a waiting registration in between: (candidate, created, its first `stage`'s
+        evaluation id, or None if the candidate existed and was evaluated or taken)."""
+        try:
+            with self.db.write() as s:
+                existing = self._by_digest(s, new.workload_id, new.digest)
+                if existing is None:
+                    row = self._insert_candidate(s, new)
+                    return candidate_snapshot(row), True, self._start_first(s, row.id, stage, new.run_id, worker_id)
+        except IntegrityError:
+            pass    # the same source stored by another process meanwhile: claimed like any other
+        with self.db.read() as s:
+            found = self._by_digest(s, new.workload_id, new.digest)
+            assert found is not None
+            cand = candidate_snapshot(found)
+        return cand, False, self.claim_new(cand.id, stage, run_id=new.run_id, worker_id=worker_id)
+
+    def _insert_candidate(self, s: Session, new: NewCandidate) -> CandidateModel:
+        self._check_candidate_refs(s, new)
+        row = CandidateModel(
+            workload_id=new.workload_id,
+            name=new.name,
+            origin=new.origin,
+            family=new.family,
+            params=new.params,
+            digest=new.digest,
+            directory=new.directory,
+            generation=new.generation,
+            operator=new.operator,
+            author=new.author,
+            notes=new.notes,
+            run_id=new.run_id,
+            created_at=utcnow(),
+        )
+        row.parent_links = [
+            CandidateParentModel(position=i, parent_id=p) for i, p in enumerate(new.parents)
+        ]
+        s.add(row)
+        s.flush()
+        return row
 
     @staticmethod
     def _by_digest(s: Session, workload_id: int, digest: str) -> CandidateModel | None:
@@ -373,10 +484,11 @@ class Population:
         stage: str,
         run_id: int | None = None,
         retry_of: int | None = None,
+        worker_id: int | None = None,
     ) -> int | None:
         """Claim (candidate, stage): a new "running" evaluation, or None if the candidate
         already has a running or passed evaluation of this stage (repeatable stages such as
-        "confirm" are always granted a new attempt)."""
+        "confirm" are always granted a new attempt). `worker_id`: the process holding it."""
         if not stage or len(stage) > 32:
             raise ValueError(f"bad stage name {stage!r}")
         repeatable = stage in REPEATABLE_STAGES
@@ -398,6 +510,7 @@ class Population:
                         attempt=last + 1,
                         retry_of=retry_of,
                         run_id=run_id,
+                        worker_id=worker_id,
                         status="running",
                         message="",
                         metrics={},
@@ -405,17 +518,94 @@ class Population:
                     )
                     s.add(row)
                     s.flush()
+                    if last == 0:
+                        self._mark_claimed(s, candidate_id, row.started_at)
                     return row.id
             except IntegrityError:
                 # Another process inserted first (claim index or attempt number); look again.
                 continue
         raise RuntimeError(f"could not claim stage {stage!r} of candidate {candidate_id} after {_CLAIM_RETRIES} tries")
 
+    def claim_new(self, candidate_id: int, stage: str, *, run_id: int | None = None,
+                  worker_id: int | None = None) -> int | None:
+        """Claim a candidate that was never evaluated by starting its first `stage`: the
+        new evaluation's id, or None if the candidate has any evaluation (another process
+        took it first, or it was evaluated before)."""
+        try:
+            with self.db.write() as s:
+                self._check_claim_refs(s, candidate_id, stage, run_id, None)
+                return self._start_first(s, candidate_id, stage, run_id, worker_id)
+        except IntegrityError:  # another process's claim won on the unique index
+            return None
+
+    def claim_next(self, workload_id: int, stage: str, *, run_id: int | None = None, worker_id: int | None = None,
+                   skip: Sequence[int] = (),
+                   usable: Callable[[Candidate], bool] | None = None) -> tuple[Candidate, int] | None:
+        """Claim the oldest never-evaluated candidate of the workload (agent registrations
+        waiting for a run) by starting its first `stage`: (candidate, evaluation id), or
+        None when none is left. Processes calling this at once get different candidates:
+        PostgreSQL skips rows another claim has locked; SQLite's write lock queues them.
+        `usable`: candidates it refuses are left for others (e.g. a folder that exists
+        only on another host)."""
+        skipped = set(skip)
+        for _ in range(_CLAIM_SCAN):
+            try:
+                with self.db.write() as s:
+                    query = (
+                        select(CandidateModel.id)
+                        .where(CandidateModel.workload_id == workload_id, CandidateModel.claimed_at.is_(None))
+                        .order_by(CandidateModel.id)
+                        .limit(1)
+                        .with_for_update(key_share=True, skip_locked=True)
+                    )
+                    if skipped:
+                        query = query.where(CandidateModel.id.not_in(skipped))
+                    cid = s.scalar(query)
+                    if cid is None:
+                        return None
+                    row = s.get(CandidateModel, cid)
+                    assert row is not None
+                    found = candidate_snapshot(row)
+                    if usable is None or usable(found):
+                        eid = self._start_first(s, cid, stage, run_id, worker_id)
+                        if eid is not None:
+                            return found, eid
+                    # Not for us, or claimed by a transaction that committed after our snapshot.
+                    skipped.add(cid)
+            except IntegrityError:
+                continue
+        return None
+
+    @staticmethod
+    def _start_first(s: Session, candidate_id: int, stage: str, run_id: int | None, worker_id: int | None) -> int | None:
+        """In a transaction that holds the candidate's row lock: its first evaluation, or None
+        if it has one already (this statement sees every claim committed before the lock)."""
+        now = utcnow()
+        if s.scalar(select(EvaluationModel.id).where(EvaluationModel.candidate_id == candidate_id).limit(1)) is not None:
+            Population._mark_claimed(s, candidate_id, now)   # e.g. rows written before the column existed
+            return None
+        row = EvaluationModel(candidate_id=candidate_id, stage=stage, attempt=1, run_id=run_id, worker_id=worker_id,
+                              status="running", message="", metrics={}, started_at=now)
+        s.add(row)
+        s.flush()
+        Population._mark_claimed(s, candidate_id, now)
+        return row.id
+
+    @staticmethod
+    def _mark_claimed(s: Session, candidate_id: int, when: datetime) -> None:
+        """The candidate no longer waits for a run (`claim_next` skips it from now on)."""
+        s.execute(update(CandidateModel)
+                  .where(CandidateModel.id == candidate_id, CandidateModel.claimed_at.is_(None))
+                  .values(claimed_at=when))
+
     @staticmethod
     def _check_claim_refs(
         s: Session, candidate_id: int, stage: str, run_id: int | None, retry_of: int | None
     ) -> None:
-        if s.scalar(select(CandidateModel.id).where(CandidateModel.id == candidate_id)) is None:
+        # The candidate's row lock orders claims on it (PostgreSQL; SQLite's write lock
+        # already does), so rivals wait here instead of colliding on the unique indexes.
+        locked = select(CandidateModel.id).where(CandidateModel.id == candidate_id).with_for_update(key_share=True)
+        if s.scalar(locked) is None:
             raise KeyError(f"no candidate with id {candidate_id}")
         if run_id is not None and s.scalar(select(RunModel.id).where(RunModel.id == run_id)) is None:
             raise KeyError(f"no run with id {run_id}")
@@ -492,9 +682,11 @@ class Population:
             return outcome.rowcount == 1  # type: ignore[attr-defined]
 
     def interrupted(self, run_id: int | None = None, *, heartbeat_timeout_s: float | None = None) -> list[Evaluation]:
-        """Evaluations still "running" whose owner run is dead: finished, heartbeat too old,
-        or its process gone from this host. `run_id=None` looks at every run; rows with no
-        run count as dead once they are older than the heartbeat timeout."""
+        """Evaluations still "running" whose owner is dead: their run (finished, heartbeat
+        too old, or no live process left), or, in a live run, the worker that holds them
+        (left, lease expired, or its process gone from this host). `run_id=None` looks at
+        every run; rows with no run count as dead once they are older than the heartbeat
+        timeout."""
         timeout = self.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
         query = select(EvaluationModel).where(EvaluationModel.status == "running").order_by(EvaluationModel.id)
         if run_id is not None:
@@ -503,11 +695,22 @@ class Population:
             rows = [Evaluation.model_validate(r) for r in s.scalars(query)]
             run_ids = {r.run_id for r in rows if r.run_id is not None}
             runs = {r.id: Run.model_validate(r) for r in s.scalars(select(RunModel).where(RunModel.id.in_(run_ids)))}
+            worker_ids = {r.worker_id for r in rows if r.worker_id is not None}
+            workers = {w.id: RunWorker.model_validate(w) for w in
+                       s.scalars(select(RunWorkerModel).where(RunWorkerModel.id.in_(worker_ids)))}
         alive = {rid: self.run_alive(run, heartbeat_timeout_s=timeout) for rid, run in runs.items()}
+        # A worker's lease covers what it holds: a dead worker's rows are dead in a live run.
+        leased = {wid: self.worker_alive(w, heartbeat_timeout_s=timeout) for wid, w in workers.items()}
         cutoff = utcnow() - timedelta(seconds=timeout)
-        return [
-            r for r in rows if (not alive.get(r.run_id, False) if r.run_id is not None else r.started_at < cutoff)
-        ]
+
+        def dead(r: Evaluation) -> bool:
+            if r.run_id is None:
+                return r.started_at < cutoff
+            if not alive.get(r.run_id, False):
+                return True
+            return r.worker_id is not None and not leased.get(r.worker_id, False)
+
+        return [r for r in rows if dead(r)]
 
     def evaluation(self, evaluation_id: int) -> Evaluation | None:
         with self.db.read() as s:
@@ -682,6 +885,11 @@ class Population:
             cand = s.get(CandidateModel, candidate_id)
             if cand is None:
                 raise KeyError(f"no candidate with id {candidate_id}")
+            # One promotion per workload at a time, on any host: the best read below is
+            # then still the best when the new one is written (PostgreSQL; SQLite's
+            # write lock already orders them).
+            s.execute(select(WorkloadModel.id).where(WorkloadModel.id == cand.workload_id)
+                      .with_for_update(key_share=True))
             ids = list(confirmation_eval_ids)
             found = {
                 e.id: e for e in s.scalars(select(EvaluationModel).where(EvaluationModel.id.in_(ids)))

@@ -17,7 +17,7 @@ from evolve.embedded import EmbeddedServer, EmbeddedServerError
 from evolve.events import EventHook
 from evolve.families import FamilyError
 from evolve.leaderboard import format_table
-from evolve.loop import RunSummary, SearchLoop
+from evolve.loop import JOIN_LATEST, JoinError, RunSummary, SearchLoop
 from evolve.preflight import PreflightError
 from evolve.population import Population
 
@@ -32,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", default=None, help=DB_HELP)
     p.add_argument("--resume", action="store_true",
                    help="continue this workload's last dead run: retry its interrupted evaluations")
+    p.add_argument("--join", nargs="?", const=JOIN_LATEST, default=None, metavar="RUN",
+                   help="work on a live run (id RUN, default: the workload's newest live run) with the processes "
+                        "already on it, on this or other hosts sharing the database: each claims its own "
+                        "candidates; the run ends when the last one leaves")
     p.add_argument("--max-evals", type=int, default=None, help="override budget.max_evals")
     p.add_argument("--hours", type=float, default=None, help="override budget.hours")
     p.add_argument("--on-event", metavar="CMD", default=None,
@@ -56,6 +60,13 @@ def main(args: argparse.Namespace) -> int:
     if args.hours is not None and args.hours <= 0:
         print("evolve run: error: --hours must be positive", file=sys.stderr)
         return 2
+    if args.join is not None and args.resume:
+        print("evolve run: error: --join works on a live run and --resume continues a dead one: pick one",
+              file=sys.stderr)
+        return 2
+    if args.join not in (None, JOIN_LATEST) and not str(args.join).isdigit():
+        print(f"evolve run: error: --join takes a run id, not {args.join!r}", file=sys.stderr)
+        return 2
     try:
         config = load_config(args.config).with_budget(args.max_evals, args.hours)
         config.load_families()  # fail on a bad family before a server starts
@@ -77,8 +88,11 @@ def main(args: argparse.Namespace) -> int:
             if not url:
                 print(f"evolve: embedded server at {server_url}", file=sys.stderr)
             with Client(server_url) as client:
-                summary = SearchLoop(config, client, pop, resume=args.resume,
+                summary = SearchLoop(config, client, pop, resume=args.resume, join=args.join,
                                      events=EventHook(args.on_event)).run()
+    except JoinError as exc:
+        print(f"evolve run: error: {exc}", file=sys.stderr)
+        return 2
     except EmbeddedServerError as exc:
         print(f"evolve run: error: {exc}", file=sys.stderr)
         return 1
@@ -106,7 +120,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: RunSummary, pop: Population) -> None:
-    print(f"run {summary.run_id}: {summary.evaluated} evaluated, {summary.passed} passed, "
+    who = f" (worker {summary.worker_id}, joined)" if summary.joined else ""
+    print(f"run {summary.run_id}{who}: {summary.evaluated} evaluated, {summary.passed} passed, "
           f"{summary.promotions} promoted; stopped: {summary.stopped_because}")
     if summary.gpu_busy is not None:
         print(f"GPU lease held {summary.gpu_busy:.0%} of the run's wall time (the server's count, per GPU)")

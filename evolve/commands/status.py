@@ -40,6 +40,11 @@ def render_status(pop: Population, workload_id: int | None = None) -> str:
             f"  run {run.id} {names.get(run.workload_id, run.workload_id)} {run.strategy}: {state}, "
             f"heartbeat {heartbeat} ago, {run.host}:{run.pid}, started {run.started_at:%Y-%m-%d %H:%M}Z"
         )
+        workers = pop.workers(run.id)
+        if len(workers) > 1:   # a shared run (`evolve run --join`): who works on it
+            live = [w for w in workers if pop.worker_alive(w)]
+            lines.append(f"    {len(live)} of {len(workers)} worker(s) alive: "
+                         + ", ".join(f"{w.host}:{w.pid}" for w in live))
         tp = throughput[run.id]
         if tp.stages:
             # under a minute of wall time (no heartbeat yet) makes rates meaningless
@@ -113,7 +118,9 @@ def status_doc(pop: Population, workload_id: int | None = None) -> dict[str, Any
                          "bench_speedup": pop.bench_speedup(found.candidate_id)})
     return {
         "runs": [{**r.model_dump(mode="json"), "alive": pop.run_alive(r),
-                  "throughput": throughput[r.id].model_dump(mode="json")} for r in runs],
+                  "throughput": throughput[r.id].model_dump(mode="json"),
+                  "workers": [{**w.model_dump(mode="json"), "alive": pop.worker_alive(w)} for w in pop.workers(r.id)]}
+                 for r in runs],
         "evaluations": [c.model_dump(mode="json") for c in pop.status_counts(workload_id)],
         "in_flight": [{**e.model_dump(mode="json", exclude={"metrics"}), "orphaned": e.id in orphaned}
                       for e in pop.evaluations_of(workload_id, status="running")],

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import os
 
-from .engine import Database, create_evolve_engine
+from .engine import Database, DatabaseUnavailableError, create_evolve_engine
 from .integrity import UnreadableDatabaseError, verify
 from .migrate import SchemaVersionError, ensure_schema
 
 DEFAULT_URL = "sqlite:///evolve.db"
-DB_HELP = "database URL or SQLite file path (default: $EVOLVE_DB, else sqlite:///evolve.db in the working directory)"
+DB_HELP = ("database URL or SQLite file path (default: $EVOLVE_DB, else sqlite:///evolve.db in the working "
+           "directory); postgresql+psycopg://user@host/db shares one population across hosts")
 
 
 def default_url() -> str:
@@ -33,5 +34,5 @@ def open_database(url: str | None = None, *, check_schema: bool = True) -> Datab
     return db
 
 
-__all__ = ["DB_HELP", "DEFAULT_URL", "Database", "SchemaVersionError", "UnreadableDatabaseError", "default_url",
+__all__ = ["DB_HELP", "DEFAULT_URL", "Database", "DatabaseUnavailableError", "SchemaVersionError", "UnreadableDatabaseError", "default_url",
            "open_database"]

@@ -4,7 +4,14 @@ SQLite gets WAL (readers never wait for the writer), a busy timeout (a writer wa
 the lock instead of failing) and `BEGIN IMMEDIATE` for write transactions: the write lock
 is taken when the transaction starts, so two writers queue up instead of one failing
 with "database is locked" when a deferred read transaction tries to upgrade. Read
-transactions stay deferred. Other databases use their normal transactions.
+transactions stay deferred.
+
+PostgreSQL (`postgresql+psycopg://...`) keeps its normal READ COMMITTED transactions, so
+writers run side by side; what must happen one at a time takes a lock where it matters
+instead: a row lock (`SELECT ... FOR NO KEY UPDATE`, which SQLite's dialect leaves out
+because its write lock already covers it) or `Database.serialize` (an advisory lock).
+Pooled connections are checked before use, so a database restart costs a reconnect,
+not a failed stage.
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,8 +29,17 @@ BUSY_TIMEOUT_MS = 60_000
 _WRITE_OPTION = "evolve_write"
 
 
+# Advisory lock keys (PostgreSQL's pg_advisory_xact_lock takes one bigint): one per
+# thing that must happen once at a time across every process on the database.
+SCHEMA_LOCK = 0x65766F6C76650001   # "evolve" + 1: migrating the schema
+
+
 def _is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
+
+
+def _is_postgresql(engine: Engine) -> bool:
+    return engine.dialect.name == "postgresql"
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:
@@ -55,6 +71,10 @@ def as_url(text: str) -> URL:
     return URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
 
 
+class DatabaseUnavailableError(RuntimeError):
+    """The database cannot be reached or its driver is not installed."""
+
+
 def create_evolve_engine(url: str) -> Engine:
     """An engine for any SQLAlchemy URL (or a SQLite file path), with evolve's SQLite
     settings where they apply."""
@@ -63,7 +83,19 @@ def create_evolve_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         # The busy timeout above is the one that matters; sqlite3's own is kept equal.
         kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
-    engine = create_engine(parsed, **kwargs)
+    elif parsed.get_backend_name() == "postgresql":
+        # A server restart or an idle connection dropped by a firewall costs one reconnect.
+        kwargs["pool_pre_ping"] = True
+        # The search loop runs a pipeline per GPU slot plus one, each holding at most one
+        # connection for one short transaction; the overflow covers bursts beyond that.
+        kwargs["pool_size"] = 8
+        kwargs["max_overflow"] = 16
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except ModuleNotFoundError as exc:
+        hint = " (pip install 'kcoral-evolve[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
+        raise DatabaseUnavailableError(
+            f"the database driver for {parsed.drivername} is not installed: no module {exc.name!r}{hint}") from None
     if _is_sqlite(engine):
         _install_sqlite_hooks(engine)
     return engine
@@ -106,5 +138,20 @@ class Database:
         commits when the block ends without an exception."""
         return self.engine.execution_options(**{_WRITE_OPTION: True}).begin()
 
+    @property
+    def is_postgresql(self) -> bool:
+        return _is_postgresql(self.engine)
+
+    def serialize(self, conn: Connection | Session, key: int) -> None:
+        """Hold lock `key` until this transaction ends, so work under it runs one process
+        at a time (PostgreSQL: an advisory transaction lock; SQLite: its write lock, which a
+        write transaction holds already)."""
+        if self.is_postgresql:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _signed64(key)})
+
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _signed64(key: int) -> int:
+    return key - (1 << 64) if key >= (1 << 63) else key

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, inspect
 
 import migrations
 
-from .engine import Database
+from .engine import SCHEMA_LOCK, Database
 
 UPGRADE_COMMAND = "evolve db upgrade"
 
@@ -63,6 +63,7 @@ def _upgrade_on(connection: Connection, revision: str) -> None:
 def upgrade(db: Database, revision: str = "head") -> tuple[str | None, str | None]:
     """Migrate to `revision` in one write transaction; returns (before, after)."""
     with db.write_connection() as conn:
+        db.serialize(conn, SCHEMA_LOCK)
         before = current_revision(conn)
         if before is not None and before not in known_revisions():
             raise SchemaVersionError(
@@ -89,7 +90,8 @@ def ensure_schema(db: Database) -> None:
         return
     if empty:
         with db.write_connection() as conn:
-            # Re-checked under the write lock: another process may have migrated meanwhile.
+            db.serialize(conn, SCHEMA_LOCK)
+            # Re-checked under the lock: another process may have migrated meanwhile.
             if current_revision(conn) is None and _is_empty(conn):
                 _upgrade_on(conn, "head")
             current = current_revision(conn)

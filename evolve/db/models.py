@@ -100,6 +100,21 @@ class RunModel(Base):
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class RunWorkerModel(Base):
+    """One process working on a run (`evolve run`, or `evolve run --join` on any host).
+    Its heartbeat is the lease on the evaluations it holds; `ended_at` is set when it leaves."""
+
+    __tablename__ = "run_workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class CandidateParentModel(Base):
     """Ordered parent list of a candidate (crossover has two, mutation one, seeds none)."""
 
@@ -118,6 +133,10 @@ class CandidateModel(Base):
         # The leaderboard walks these from the top: O(limit), however many evaluations.
         Index("ix_candidates_workload_best", "workload_id", "best_speedup"),
         Index("ix_candidates_best", "best_speedup"),
+        # Candidates waiting for a run, for `claim_next`: a scan of the few waiting rows
+        # instead of an anti-join over every evaluation.
+        Index("ix_candidates_waiting", "workload_id", "id",
+              sqlite_where=text("claimed_at IS NULL"), postgresql_where=text("claimed_at IS NULL")),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -137,6 +156,9 @@ class CandidateModel(Base):
     # Best passed "bench" speedup, kept by Population.finish_stage in the same
     # transaction (derived from evaluations; `Population.recompute_best_speedups` rebuilds it).
     best_speedup: Mapped[float | None] = mapped_column(Float)
+    # When its first evaluation was claimed; None while it waits for a run (an agent's
+    # registration). Set in the claiming transaction (Population.claim_next, begin_stage).
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     parent_links: Mapped[list[CandidateParentModel]] = relationship(
         foreign_keys=[CandidateParentModel.child_id],
@@ -176,6 +198,8 @@ class EvaluationModel(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     retry_of: Mapped[int | None] = mapped_column(ForeignKey("evaluations.id"))
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    # The process holding it while it runs (its heartbeat is the lease); None before 0004.
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("run_workers.id"), index=True)
     status: Mapped[str] = mapped_column(String(16), default="running")
     failure_kind: Mapped[str | None] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text, default="")

@@ -54,6 +54,17 @@ class Run(_Snapshot):
     ended_at: datetime | None
 
 
+class RunWorker(_Snapshot):
+    """One process working on a run; its heartbeat is its lease on what it holds."""
+    id: int
+    run_id: int
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    ended_at: datetime | None
+
+
 class NewCandidate(BaseModel):
     """What the search (or `evolve register`) knows about a candidate before it is stored."""
 
@@ -155,6 +166,7 @@ class Evaluation(_Snapshot):
     attempt: int
     retry_of: int | None
     run_id: int | None
+    worker_id: int | None = None
     status: EvaluationStatus
     failure_kind: str | None
     message: str

@@ -91,6 +91,7 @@ class StageContext:
     stats: RunStats = field(default_factory=RunStats)
     cancel: threading.Event = field(default_factory=threading.Event)
     listener: Callable[[Any], None] | None = None   # gets a StageEvent at each stage start and end
+    worker_id: int | None = None    # this process's lease in a run shared by several (Population.join_run)
     _target: dict[str, Any] | None = None
     _instance: str | None = None
 

@@ -68,9 +68,12 @@ def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
 
 
 def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | None = None,
-              fn: Callable[[], StageResult] | None = None) -> tuple[int | None, StageResult | None]:
-    """Claim, run and record one stage; (None, None) when the claim is refused."""
-    eid = ctx.pop.begin_stage(cand.id, stage, run_id=ctx.run_id, retry_of=retry_of)
+              fn: Callable[[], StageResult] | None = None,
+              claimed: int | None = None) -> tuple[int | None, StageResult | None]:
+    """Claim, run and record one stage; (None, None) when the claim is refused.
+    `claimed`: the stage's evaluation, already claimed (`Population.claim_next`)."""
+    eid = claimed if claimed is not None else ctx.pop.begin_stage(
+        cand.id, stage, run_id=ctx.run_id, retry_of=retry_of, worker_id=ctx.worker_id)
     if eid is None:
         return None, None
     _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.STARTED))
@@ -105,15 +108,17 @@ def _tell(ctx: StageContext, event: StageEvent) -> None:
 
 
 def run_pipeline(ctx: StageContext, cand: Candidate, stages: list[str],
-                 retry_of: dict[str, int] | None = None) -> PipelineOutcome:
+                 retry_of: dict[str, int] | None = None, claimed: dict[str, int] | None = None) -> PipelineOutcome:
+    """`claimed`: stages whose evaluation the caller claimed already (stage -> id)."""
     retry_of = retry_of or {}
+    claimed = claimed or {}
     bench_result: StageResult | None = None
     bench_eid: int | None = None
     for stage in stages:
         if ctx.cancel.is_set():
             return PipelineOutcome(candidate_id=cand.id, passed=False, stage=stage, skipped=True,
                                    message="cancelled")
-        eid, result = run_stage(ctx, stage, cand, retry_of.get(stage))
+        eid, result = run_stage(ctx, stage, cand, retry_of.get(stage), claimed=claimed.get(stage))
         if eid is None:
             done = [e for e in ctx.pop.evaluations(cand.id, stage) if e.status == "passed"]
             if not done:

@@ -41,3 +41,14 @@ def open_fresh(url: str, name: str, start: Any, results: Any) -> None:
         results.put(("ok", pop.ensure_workload(name, f"candidates/kda/{name}")))
     except Exception as exc:  # reported to the test, which fails with the message
         results.put(("error", repr(exc)))
+
+
+def claim_waiting(url: str, workload_id: int, start: Any, results: Any) -> None:
+    """Claim waiting candidates one at a time until none is left (as `evolve run` does)."""
+    pop = Population(open_database(url))
+    worker = None
+    start.wait()
+    won = []
+    while (claim := pop.claim_next(workload_id, "check", worker_id=worker)) is not None:
+        won.append(claim[0].id)
+    results.put(won)

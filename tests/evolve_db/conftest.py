@@ -1,17 +1,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from evolve.db import Database, open_database
 from evolve.population import NewCandidate, Population, StageResult
-
-
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'evolve.db'}"
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def evolve(cwd: Path, *args: str, env_db: str | None = None) -> subprocess.CompletedProcess[str]:
+    # $EVOLVE_DB as the test left it: the `cli` fixture clears it, `demo` names its database.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("EVOLVE_DB", None)
     if env_db:
         env["EVOLVE_DB"] = env_db
     return subprocess.run(
@@ -48,7 +48,20 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
 
 
 @pytest.fixture
-def demo(tmp_path: Path) -> tuple[Path, dict[str, int]]:
+def demo(tmp_path: Path, db_url: str, backend: str, cli, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict[str, int]]:  # type: ignore[no-untyped-def]
+    """A populated database that commands find without --db: evolve.db in tmp_path (the
+    default location), or a PostgreSQL database named by $EVOLVE_DB."""
+    if backend != "sqlite":
+        monkeypatch.setenv("EVOLVE_DB", db_url)
+    db = open_database(db_url)
+    pop = Population(db)
+    ids = populate(pop, pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small"))
+    db.close()
+    return tmp_path, ids
+
+
+@pytest.fixture
+def sqlite_demo(tmp_path: Path) -> tuple[Path, dict[str, int]]:
     """A populated evolve.db in tmp_path (the default database location)."""
     db = open_database(f"sqlite:///{tmp_path / 'evolve.db'}")
     pop = Population(db)
@@ -131,8 +144,8 @@ def test_status_and_report_commands(demo: tuple[Path, dict[str, int]], cli) -> N
     assert "<svg" in page and "<table>" in page
 
 
-def test_db_commands_and_version_refusal(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
-    url = f"sqlite:///{tmp_path / 'x.db'}"
+def test_db_commands_and_version_refusal(tmp_path: Path, empty_db_url: str, cli) -> None:  # type: ignore[no-untyped-def]
+    url = empty_db_url
     assert cli("db", "current", "--db", url).returncode == 1
     up = evolve(tmp_path, "db", "upgrade", "--db", url)
     assert up.returncode == 0 and f"-> {head_revision()}" in up.stdout
@@ -148,10 +161,10 @@ def test_db_commands_and_version_refusal(tmp_path: Path, cli) -> None:  # type: 
     assert cli("db", "current", "--db", url).returncode == 1
 
 
-def test_db_takes_a_plain_file_path(demo, cli) -> None:  # type: ignore[no-untyped-def]
+def test_db_takes_a_plain_file_path(sqlite_demo, cli) -> None:  # type: ignore[no-untyped-def]
     """`--db some/file.db` is the SQLite database at that path, relative or absolute, the
     same one its sqlite:/// URL names (a path used to fail as an unparseable URL)."""
-    root, ids = demo
+    root, ids = sqlite_demo
     by_url = cli("leaderboard", "--json", "--db", f"sqlite:///{root / 'evolve.db'}")
     by_path = cli("leaderboard", "--json", "--db", str(root / "evolve.db"))
     by_relative = cli("leaderboard", "--json", "--db", "evolve.db")
@@ -192,3 +205,13 @@ def test_every_read_and_write_command_speaks_json(demo: tuple[Path, dict[str, in
     assert upgraded["before"] == upgraded["after"] == current["head"]
     assert json.loads(cli("leaderboard", "--json").stdout)[0]["candidate_id"] == ids["fast"]
     assert json.loads(cli("show", str(ids["fast"]), "--json").stdout)["candidate"]["id"] == ids["fast"]
+
+
+def test_an_unreachable_database_server_is_one_line_without_the_password(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """Nothing listens on port 9 of loopback: every command says so in one line, exit 2."""
+    url = "postgresql+psycopg://evolve:s3cret@127.0.0.1:9/evolve"
+    for args in (("leaderboard",), ("status",), ("db", "upgrade")):
+        r = cli(*args, "--db", url)
+        assert r.returncode == 2, r.stderr
+        assert "unreachable" in r.stderr and "127.0.0.1:9" in r.stderr and "s3cret" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -1,4 +1,5 @@
-"""Several processes on one SQLite file: claims are exclusive and writers queue."""
+"""Several processes on one database (SQLite file or PostgreSQL): claims are exclusive and
+writers lose nothing."""
 from __future__ import annotations
 
 import multiprocessing
@@ -80,8 +81,8 @@ def test_concurrent_registers_and_a_busy_writer_lose_nothing(tmp_path: Path, db_
     assert [r.attempt for r in rows] == list(range(1, written + 1))
 
 
-def test_processes_racing_to_create_a_fresh_database(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+def test_processes_racing_to_create_a_fresh_database(empty_db_url: str) -> None:
+    url = empty_db_url
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Event()
     results = ctx.Queue()

@@ -23,17 +23,20 @@ TABLES = {
     "evaluation_logs",
     "promotions",
     "promotion_confirmations",
+    "run_workers",
     "alembic_version",
 }
 
 
-def test_empty_database_is_migrated_to_head(db_url: str) -> None:
+def test_empty_database_is_migrated_to_head(empty_db_url: str) -> None:
+    db_url = empty_db_url
     db = open_database(db_url)
     try:
         with db.engine.connect() as conn:
             assert set(inspect(conn).get_table_names()) == TABLES
             assert current_revision(conn) == head_revision()
-            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            if conn.dialect.name == "sqlite":
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
             # The migration and the ORM models describe the same schema.
             assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
     finally:
@@ -41,7 +44,8 @@ def test_empty_database_is_migrated_to_head(db_url: str) -> None:
     open_database(db_url).close()  # a second open of a current database is accepted
 
 
-def test_future_revision_is_refused_naming_the_upgrade_command(db_url: str) -> None:
+def test_future_revision_is_refused_naming_the_upgrade_command(empty_db_url: str) -> None:
+    db_url = empty_db_url
     open_database(db_url).close()
     engine = create_engine(db_url)
     with engine.begin() as conn:
@@ -53,7 +57,8 @@ def test_future_revision_is_refused_naming_the_upgrade_command(db_url: str) -> N
     assert "f00dfeed" in str(err.value)
 
 
-def test_downgrade_to_base_then_upgrade_restores_the_schema(db_url: str) -> None:
+def test_downgrade_to_base_then_upgrade_restores_the_schema(empty_db_url: str) -> None:
+    db_url = empty_db_url
     db = open_database(db_url)
     with db.write_connection() as conn:
         cfg = alembic_config()
@@ -68,27 +73,27 @@ def test_downgrade_to_base_then_upgrade_restores_the_schema(db_url: str) -> None
     open_database(db_url).close()
 
 
-def test_older_schema_is_refused_then_upgraded_with_its_data(db_url: str) -> None:
+def test_older_schema_is_refused_then_upgraded_with_its_data(empty_db_url: str) -> None:
+    db_url = empty_db_url
     db = Database.from_engine(create_evolve_engine(db_url))
     upgrade(db, "0001")
     with db.write_connection() as conn:
         conn.execute(text("INSERT INTO workloads (id, name, path, created_at) VALUES (1, 'w', 'p', '2026-01-01 00:00:00')"))
-        for cid, digest in ((1, "a"), (2, "b")):
+        for cid, digest in ((1, "a"), (2, "b"), (3, "waiting")):   # 3: registered, never evaluated
             conn.execute(
                 text(
                     "INSERT INTO candidates (id, workload_id, origin, params, digest, directory, generation, created_at)"
-                    " VALUES (:id, 1, 'seed', '{}', :d, :d, 0, '2026-01-01 00:00:00')"
+                    " VALUES (:id, 1, 'seed', '{}', :d, :dir, 0, '2026-01-01 00:00:00')"
                 ),
-                {"id": cid, "d": digest},
+                {"id": cid, "d": digest, "dir": digest},
             )
         for cid, attempt, status, speedup in ((1, 1, "passed", 1.5), (1, 2, "failed", 9.0), (2, 1, "passed", 2.5)):
             conn.execute(
                 text(
                     "INSERT INTO evaluations (candidate_id, stage, attempt, status, message, metrics, started_at, speedup,"
-                    " failure_kind) VALUES (:c, 'bench', :a, :s, '', '{}', '2026-01-01 00:00:00', :x,"
-                    " CASE WHEN :s = 'failed' THEN 'timeout' END)"
+                    " failure_kind) VALUES (:c, 'bench', :a, :s, '', '{}', '2026-01-01 00:00:00', :x, :k)"
                 ),
-                {"c": cid, "a": attempt, "s": status, "x": speedup},
+                {"c": cid, "a": attempt, "s": status, "x": speedup, "k": "timeout" if status == "failed" else None},
             )
     db.close()
     with pytest.raises(SchemaVersionError) as err:
@@ -99,6 +104,10 @@ def test_older_schema_is_refused_then_upgraded_with_its_data(db_url: str) -> Non
     db.close()
     pop = Population.open(db_url)
     assert [(r.candidate_id, r.speedup) for r in pop.leaderboard()] == [(2, 2.5), (1, 1.5)]
+    # 0004 backfilled claimed_at: only the never-evaluated candidate is handed out as waiting.
+    claim = pop.claim_next(1, "check")
+    assert claim is not None and claim[0].id == 3
+    assert pop.claim_next(1, "check") is None
     pop.close()
 
 
@@ -112,7 +121,8 @@ def test_foreign_tables_without_revision_are_refused(tmp_path: Path) -> None:
         open_database(url)
 
 
-def test_0003_adds_stage_logs_that_a_finished_stage_fills(db_url: str) -> None:
+def test_0003_adds_stage_logs_that_a_finished_stage_fills(empty_db_url: str) -> None:
+    db_url = empty_db_url
     from evolve.population import NewCandidate, StageLogs, StageResult
 
     db = Database.from_engine(create_evolve_engine(db_url))
