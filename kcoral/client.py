@@ -13,7 +13,7 @@ from . import extensions
 from .abort import tracking_transport
 from .capabilities import UNKNOWN, ServerCapabilities, is_stock_health
 from .compat import adapt_program
-from .errors import Cancelled, RemoteError, TransportError
+from .errors import Cancelled, OutcomeUnknown, RemoteError, TransportError
 from .program import Program
 from .values import decode_value
 from .wire import RETURN_PART_RE, Outcome, WireError, dumps, encode_multipart, loads_strict, parse_header_params, parse_multipart
@@ -250,6 +250,8 @@ def _error_from(r: httpx.Response) -> RemoteError:
         rid = body.get("request_id", rid)
     except Exception:
         pass
+    if r.status_code == 502 and kind == "server_transport":  # a router lost the node mid-request
+        return OutcomeUnknown(message, rid)
     return RemoteError(kind, message, r.status_code, rid)
 
 
