@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from kcoral.capabilities import SERVER_EXTENSIONS
+from kcoral.capabilities import ROUTED_EXTENSIONS_KEY, SERVER_EXTENSIONS
 from kcoral.extensions import OptIn, header_value
 from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
 
@@ -240,7 +240,8 @@ class Engine:
         return NodeStatus(healthy=not self.draining, server_instance_id=self.instance_id,
                           worker_count=len(self.specs), busy_workers=self.busy_workers(),
                           target={k: str(v) for k, v in self.target.items()},
-                          versions={k: str(v) for k, v in self.versions.items()})
+                          versions={**{k: str(v) for k, v in self.versions.items()},
+                                    ROUTED_EXTENSIONS_KEY: ",".join(SERVER_EXTENSIONS)})
 
     def busy_workers(self) -> int:
         """Workers running a program now (admitted requests not waiting for one)."""

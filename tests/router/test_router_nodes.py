@@ -49,6 +49,13 @@ def test_nodes_join_and_work_spreads_over_them(router_binary, tmp_path):
         for o in outcomes:                                             # each says where it ran
             assert o.node_id == ours[o.server_instance] and o.worker_id == "cpu/w0"
 
+        # Our nodes' extensions reach the client through the router (builtins, 3600 s timeouts).
+        caps = Client(router.url).capabilities()
+        assert caps.ours and caps.has("builtins") and caps.max_timeout == 3600
+        z = Program()
+        z.return_(key="z", value=z.run(fn="builtin.zeros", args=[[3], "float32"]))
+        assert Client(router.url).execute(z, timeout_seconds=60).results["z"].tolist() == [0.0, 0.0, 0.0]
+
         # kcoral tools through the router.
         (tmp_path / "app").mkdir()
         (tmp_path / "app" / "hello.py").write_text("print('hello from', 6 * 7)\n")
@@ -80,6 +87,7 @@ def test_a_stock_node_serves_and_the_router_keeps_one_cohort(router_binary):
         router.wait_capacity(1)
         done = Client(router.url).execute(sleeper(0.1), timeout_seconds=60)
         assert done.status == "COMPLETED" and done.results["out"] == 42 and done.node_id is None
+        assert not Client(router.url).capabilities().ours       # released nodes: the released protocol
         node = our_node(router, "cpu-b")
         time.sleep(4)                                   # several status rounds
         health = router.health()
