@@ -2,7 +2,7 @@
 mid-stage (its stage is recorded as an unknown outcome and retried once, nothing is lost)
 and later the router crashes and comes back (the run waits and goes on).
 
-Runtime: about 60 s on 2 cores."""
+Runtime: about 45 s on 2 cores (more on a loaded machine)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ def test_run_spreads_over_nodes_and_survives_a_node_and_a_router_crash(router_bi
     try:
         nodes = [our_node(router, "cpu-a"), our_node(router, "cpu-b")]
         router.wait_capacity(2)
-        cfg = write_config(tmp_path, max_evals=3, confirm_runs=1, gputest=False, concurrency=0,
+        cfg = write_config(tmp_path, max_evals=2, confirm_runs=1, gputest=False, concurrency=0,
                            fixed='{ algorithm = "chunked", dtype = "float32" }', subspace='{ chunk = [16, 32] }')
         db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
         pop = population(db_url)
@@ -75,5 +75,5 @@ def test_run_spreads_over_nodes_and_survives_a_node_and_a_router_crash(router_bi
     benches = [e for e in evs if e.stage in ("bench", "confirm") and e.status == "passed"]
     assert benches and all((e.metrics or {}).get("node") in ("cpu-a", "cpu-b") for e in benches)
     assert {(e.metrics or {}).get("node") for e in benches} <= {"cpu-a", "cpu-b"}
-    assert pop.runs(wid)[-1].state == "finished" and summary["evaluated"] >= 3
+    assert pop.runs(wid)[-1].state == "finished" and summary["evaluated"] >= 2
     assert survivor.instance_id in {e.server_instance for e in benches}

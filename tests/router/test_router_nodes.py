@@ -56,6 +56,13 @@ def test_nodes_join_and_work_spreads_over_them(router_binary, tmp_path):
         z.return_(key="z", value=z.run(fn="builtin.zeros", args=[[3], "float32"]))
         assert Client(router.url).execute(z, timeout_seconds=60).results["z"].tolist() == [0.0, 0.0, 0.0]
 
+        # The node token is the node's secret: no program sees it in its environment.
+        spy = Program()
+        m = spy.upload(kind="module", source="import os\ndef f():\n    return sorted(k for k, v in os.environ.items()"
+                                                " if 'NODE_TOKEN' in k or v == %r)\n" % router.token)
+        spy.return_(key="seen", value=spy.run(fn=spy.get_function(module=m, name="f", cpu_only=True)))
+        assert Client(router.url).execute(spy, timeout_seconds=60).results["seen"] == []
+
         # kcoral tools through the router.
         (tmp_path / "app").mkdir()
         (tmp_path / "app" / "hello.py").write_text("print('hello from', 6 * 7)\n")
@@ -186,13 +193,22 @@ def _record(into: list[BaseException], fn) -> None:
         into.append(exc)
 
 
-def test_join_settings_are_checked(tmp_path):
-    def serve(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "server", "--cpu-workers", "1", *args],
-                              capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert "--router needs --node-id" in serve("--router", "http://127.0.0.1:9").stderr
-    assert "need --router" in serve("--node-id", "x").stderr
-    assert "must be an http" in serve("--router", "grpc://h:1", "--node-id", "x").stderr
+def test_join_settings_are_checked(tmp_path, monkeypatch):
+    from server.cli import build_parser, join_from_args
+
+    def refusal(*args: str) -> str:
+        with pytest.raises(SystemExit) as exc:
+            join_from_args(build_parser().parse_args(["--cpu-workers", "1", *args]))
+        return str(exc.value)
+    monkeypatch.delenv("KCORAL_NODE_TOKEN", raising=False)
+    assert "--router needs --node-id" in refusal("--router", "http://127.0.0.1:9")
+    assert "need --router" in refusal("--node-id", "x")
+    assert "must be an http" in refusal("--router", "grpc://h:1", "--node-id", "x")
     empty = tmp_path / "tok"
     empty.write_text("\n")
-    assert "is empty" in serve("--router", "http://127.0.0.1:9", "--node-id", "x", "--node-token-file", str(empty)).stderr
+    assert "is empty" in refusal("--router", "http://127.0.0.1:9", "--node-id", "x", "--node-token-file", str(empty))
+    good = tmp_path / "good"
+    good.write_text("s3cret\n")
+    join = join_from_args(build_parser().parse_args(["--router", "http://127.0.0.1:9", "--node-id", "x",
+                                                     "--node-token-file", str(good)]))
+    assert join is not None and join.token == "s3cret" and "s3cret" not in repr(join)
