@@ -59,3 +59,10 @@ def test_node_backoff_and_endpoint():
     for bad in ("grpc://h:1", "http://h:1/path", "http://h:1?q=1", "h:1"):
         with pytest.raises(ValueError):
             node.parse_endpoint(bad)
+
+
+def test_kcoral_status_names_a_router():
+    from kcoral.commands.status import status_line
+    line = status_line(ROUTER_HEALTH)
+    assert "workers=3/16 busy" in line and "server=router(kcoral-evolve nodes)" in line
+    assert "server=router(released nodes)" in status_line(dict(ROUTER_HEALTH, versions={}))
