@@ -147,6 +147,18 @@ class RouterNode:
             await self._channel.close()
         log_event("router_node_stopped", node_id=self.node_id)
 
+    def _log_disconnect(self, exc: BaseException, wait: float, **where: Any) -> None:
+        if isinstance(exc, grpc.aio.AioRpcError):
+            error = f"{exc.code().name}: {exc.details()}"
+        else:
+            error = f"{type(exc).__name__}: {exc}"
+        fields: dict[str, Any] = dict(where, node_id=self.node_id, error=error[:300], reconnect_in_s=round(wait, 2))
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            # Retried all the same: the router's token may be the one that changes.
+            fields["hint"] = ("the router refused this node's token: set KCORAL_NODE_TOKEN or "
+                              "--node-token-file to the router's KCORAL_NODE_TOKEN")
+        log_event("router_disconnected", **fields)
+
     def _metadata(self) -> tuple[tuple[str, str], ...] | None:
         return (("authorization", f"Bearer {self.token}"),) if self.token else None
 
@@ -183,8 +195,7 @@ class RouterNode:
                 call.cancel()
                 reader.cancel()
                 wait = backoff.next()
-                log_event("router_disconnected", stream="supervisor", node_id=self.node_id,
-                          error=f"{type(exc).__name__}: {exc}"[:300], reconnect_in_s=round(wait, 2))
+                self._log_disconnect(exc, wait, stream="supervisor")
                 await asyncio.sleep(wait)
 
     async def _drain_acks(self, call: Any, backoff: Backoff) -> None:
@@ -210,8 +221,7 @@ class RouterNode:
                 if self._closing.is_set():
                     return
                 wait = backoff.next()
-                log_event("router_disconnected", stream="slot", slot=index, node_id=self.node_id,
-                          error=f"{type(exc).__name__}: {exc}"[:300], reconnect_in_s=round(wait, 2))
+                self._log_disconnect(exc, wait, stream="slot", slot=index)
                 await asyncio.sleep(wait)
             else:
                 if not accepted:

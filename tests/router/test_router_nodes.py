@@ -19,7 +19,7 @@ from kcoral import Client, Program
 from kcoral.errors import RemoteError
 from tests.compat.stock_for_client import install as install_stock
 from tests.router.routerproc import RELEASE, RouterProcess, StockNode, kill_server, our_node
-from tests.serverproc import REPO_ROOT
+from tests.serverproc import REPO_ROOT, ServerProcess
 
 
 def sleeper(seconds: float) -> Program:
@@ -212,3 +212,22 @@ def test_join_settings_are_checked(tmp_path, monkeypatch):
     join = join_from_args(build_parser().parse_args(["--router", "http://127.0.0.1:9", "--node-id", "x",
                                                      "--node-token-file", str(good)]))
     assert join is not None and join.token == "s3cret" and "s3cret" not in repr(join)
+
+
+def test_a_node_with_the_wrong_token_is_refused_and_says_so(router_binary):
+    router = RouterProcess(router_binary).start()
+    node = None
+    try:
+        node = ServerProcess(["--cpu-workers", "1", "--router", router.url, "--node-id", "intruder"],
+                             env={"KCORAL_NODE_TOKEN": "not-the-router-token"}).start()
+        deadline = time.monotonic() + 30
+        while not any(e.get("hint") for e in node.events() if e.get("event") == "router_disconnected"):
+            assert time.monotonic() < deadline, node.log()[-3000:]
+            time.sleep(0.1)
+        refused = next(e for e in node.events() if e.get("hint"))
+        assert refused["error"].startswith("UNAUTHENTICATED") and "KCORAL_NODE_TOKEN" in refused["hint"]
+        assert router.health()["load"]["request_capacity"] == 0
+    finally:
+        if node:
+            node.stop()
+        router.kill()
