@@ -68,19 +68,22 @@ class ServerCapabilities:
     extensions: frozenset[str] = field(default_factory=frozenset)
     gpu_count: int | None = None
     stock_version: str | None = None
+    routed: bool = False   # a released router in front: a program in flight has no journal to replay it
 
     @classmethod
     def from_health(cls, health: dict[str, Any], stock_version: str | None = None) -> "ServerCapabilities":
         ext = health.get("extensions")
         gpus = health.get("gpu_count")
         gpu_count = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None
+        # A router reports no GPU count (null) where every server reports a number.
+        routed = "gpu_count" in health and health["gpu_count"] is None and isinstance(health.get("load"), dict)
         if not isinstance(ext, list):
             ext = routed_extensions(health)
         if isinstance(ext, list):
-            return cls(ours=True, extensions=frozenset(str(e) for e in ext), gpu_count=gpu_count)
+            return cls(ours=True, extensions=frozenset(str(e) for e in ext), gpu_count=gpu_count, routed=routed)
         if not is_stock_health(health):
             return UNKNOWN  # e.g. our server's short answer to a client without its token
-        return cls(ours=False, gpu_count=gpu_count, stock_version=stock_version)
+        return cls(ours=False, gpu_count=gpu_count, stock_version=stock_version, routed=routed)
 
     def has(self, extension: str) -> bool:
         return extension in self.extensions

@@ -109,7 +109,8 @@ def test_a_stock_node_serves_and_the_router_keeps_one_cohort(router_binary):
 
 def test_router_loss_midrequest_is_an_unknown_outcome_and_nodes_rejoin(router_binary):
     """The router crashes while our node runs a program: the node cancels it and logs the
-    outcome as unknown (nothing reruns it), then rejoins the restarted router by itself."""
+    outcome as unknown, the client raises OutcomeUnknown (nothing reruns it), and the node
+    rejoins the restarted router by itself."""
     router = RouterProcess(router_binary).start()
     node = None
     try:
@@ -119,7 +120,7 @@ def test_router_loss_midrequest_is_an_unknown_outcome_and_nodes_rejoin(router_bi
 
         def call() -> None:
             try:
-                Client(router.url, retries=0).execute(sleeper(20), timeout_seconds=60)
+                Client(router.url).execute(sleeper(20), timeout_seconds=60)
             except RemoteError as exc:
                 failure.append(exc)
 
@@ -131,7 +132,8 @@ def test_router_loss_midrequest_is_an_unknown_outcome_and_nodes_rejoin(router_bi
             time.sleep(0.05)
         router.kill()
         t.join(30)
-        assert failure and failure[0].kind == "transport"          # the client was not answered
+        # The client learns the outcome is unknown, and does not send it again.
+        assert failure and failure[0].kind == "outcome_unknown", failure
         deadline = time.monotonic() + 30
         while not any(e.get("event") == "tunnel_lost" for e in node.events()):
             assert time.monotonic() < deadline, node.log()[-3000:]
@@ -148,6 +150,7 @@ def test_router_loss_midrequest_is_an_unknown_outcome_and_nodes_rejoin(router_bi
         router.wait_capacity(1, timeout=60)
         done = Client(router.url).execute(sleeper(0.1), timeout_seconds=60)
         assert done.status == "COMPLETED" and done.node_id == "cpu-a"
+        assert len(node.request_logs()) == 2            # the lost program ran once, then this one
     finally:
         if node:
             node.stop()

@@ -66,3 +66,9 @@ def test_kcoral_status_names_a_router():
     line = status_line(ROUTER_HEALTH)
     assert "workers=3/16 busy" in line and "server=router(kcoral-evolve nodes)" in line
     assert "server=router(released nodes)" in status_line(dict(ROUTER_HEALTH, versions={}))
+
+
+def test_a_router_is_told_apart_from_a_server():
+    assert ServerCapabilities.from_health(ROUTER_HEALTH).routed
+    stock_server = {"status": "ok", "gpu_count": 0, "load": {"request_capacity": 2}, "target": {}, "versions": {}}
+    assert not ServerCapabilities.from_health(stock_server).routed
