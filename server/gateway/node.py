@@ -249,11 +249,13 @@ class RouterNode:
             try:
                 while True:
                     reading = asyncio.ensure_future(call.read())
-                    waits = {reading} if serving is not None else {reading, closing}
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                    if not reading.done():   # shutting down with this slot idle: close it
-                        reading.cancel()
-                        return True
+                    while not reading.done():
+                        busy = serving is not None and not serving.done()
+                        if not busy and closing.done():   # shutting down with this slot idle: close it
+                            reading.cancel()
+                            return True
+                        waits = {reading, serving} if busy else {reading, closing}
+                        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                     frame = reading.result()
                     if frame is grpc.aio.EOF:
                         raise ConnectionError("the router closed the slot")
@@ -261,8 +263,8 @@ class RouterNode:
                     if kind == "request_head":
                         if serving is not None:
                             await serving  # the router reuses a slot only after our end frame
-                        if self._closing.is_set():
-                            return True
+                        # Served even while draining: the app answers 503 busy, which the
+                        # client retries elsewhere; dropping it would read as outcome unknown.
                         current = _TunnelRequest(frame.request_id)
                         serving = asyncio.ensure_future(self._serve(call, frame.request_head, current))
                         self._active[index] = serving

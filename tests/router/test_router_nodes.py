@@ -234,3 +234,34 @@ def test_a_node_with_the_wrong_token_is_refused_and_says_so(router_binary):
         if node:
             node.stop()
         router.kill()
+
+
+def test_a_draining_node_answers_its_request_and_leaves(router_binary):
+    """SIGTERM: the node stops taking work from the router, answers the program it runs,
+    closes its slots (a slot that served before included) and exits 0."""
+    import signal
+
+    router = RouterProcess(router_binary).start()
+    node = None
+    try:
+        node = our_node(router, "cpu-a")
+        router.wait_capacity(1)
+        assert Client(router.url).execute(sleeper(0.1), timeout_seconds=60).status == "COMPLETED"
+        answers: list = []
+        t = threading.Thread(target=lambda: _record(answers, lambda: answers.append(
+            Client(router.url).execute(sleeper(2), timeout_seconds=60))))
+        t.start()
+        deadline = time.monotonic() + 30
+        while node.health()["active_requests"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        node.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        assert answers and getattr(answers[0], "results", None) == {"out": 42}, answers
+        assert node.proc.wait(30) == 0
+        assert "router_node_stopped" in [e.get("event") for e in node.events()]
+        assert not [e for e in node.events() if e.get("event") == "tunnel_lost"]
+    finally:
+        if node:
+            node.stop()
+        router.kill()
