@@ -4,12 +4,15 @@
     python benchmarks/server_roundtrip.py --sandbox none  # the same without the per-request sandbox
     python benchmarks/server_roundtrip.py --remote URL    # an existing server
     python benchmarks/server_roundtrip.py --remote URL --gpu   # adds the GPU section
+    python benchmarks/server_roundtrip.py --router        # also through the released router (kcoral 0.1.1)
 
 Prints one table: no-op round trip p50/p99 (targets <= 10 ms / <= 30 ms: every request
 gets a fresh sandbox and a fresh worker), no-op programs/s with concurrent clients (target
 >= 100/s), the extra cost of re-submitting a cached 64 MiB blob (target <= 10 ms), and with
 --gpu: a CuPy kernel timed by builtin.benchmark and the per-program overhead around the
-GPU lease (elapsed_ms - lease_held_ms).
+GPU lease (elapsed_ms - lease_held_ms). With --router, the local server also joins the
+released `kcoral-router` (extracted from the pinned wheel, needs the [router] extra) and the
+latency and throughput rows are measured again through the router, on the same server.
 """
 from __future__ import annotations
 
@@ -161,6 +164,28 @@ def gpu_rows(client: Client) -> list[tuple[str, str, str]]:
     ]
 
 
+def start_router() -> tuple[object, str]:
+    """The pinned released router on loopback (the tests' helper: same wheel, same cache)."""
+    from tests.router.routerproc import RouterProcess, extract_router
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kcoral-evolve-bench"
+    router = RouterProcess(extract_router(cache, Path(tempfile.mkdtemp(prefix="kcoral-router-bin-")))).start()
+    return router, router.url
+
+
+def latency_rows(url: str, n: int, clients: int, label: str) -> tuple[list[tuple[str, str, str]], float]:
+    with Client(url) as client:
+        timed(client, noop_program(), 20)  # warm-up: connections, imports
+        noop = timed(client, noop_program(), n)
+        call = timed(client, call_program(), n // 2)
+    p50 = statistics.median(noop)
+    return [
+        (f"{label}no-op round trip p50", f"{p50:.2f} ms", "<= 10 ms"),
+        (f"{label}no-op round trip p99", f"{pct(noop, 0.99):.2f} ms", "<= 30 ms"),
+        (f"{label}one-function program p50 (upload+get_function+run+return)", f"{statistics.median(call):.2f} ms", "-"),
+        (f"{label}no-op programs/s, {clients} clients", f"{throughput(url, clients, 3.0):.0f} /s", ">= 100 /s"),
+    ], p50
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--remote", help="server URL (default: start a local CPU server)")
@@ -170,22 +195,28 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="add the GPU section (needs a GPU server)")
     ap.add_argument("--no-blob", action="store_true", help="skip the 64 MiB blob rows")
     ap.add_argument("--sandbox", choices=["bwrap", "none"], help="the local server's --sandbox (default: its default)")
+    ap.add_argument("--router", action="store_true",
+                    help="also measure through the released router, the local server joined as its node")
     args = ap.parse_args()
-    local = None if args.remote else LocalServer(args.workers, ["--sandbox", args.sandbox] if args.sandbox else [])
+    if args.router and args.remote:
+        ap.error("--router joins the local server it starts; it cannot be combined with --remote")
+    router, router_url = start_router() if args.router else (None, "")
+    extra = ["--sandbox", args.sandbox] if args.sandbox else []
+    if router is not None:
+        extra += ["--router", router_url, "--node-id", "bench"]
+        os.environ["KCORAL_NODE_TOKEN"] = router.token  # type: ignore[attr-defined] - the local server inherits it
+    local = None if args.remote else LocalServer(args.workers, extra)
     url = args.remote or local.url  # type: ignore[union-attr]
     rows: list[tuple[str, str, str]] = []
     try:
+        if router is not None:
+            router.wait_capacity(args.workers)  # type: ignore[attr-defined]
+        label = "direct: " if router is not None else ""
+        direct, p50 = latency_rows(url, args.n, args.clients, label)
+        rows += direct
+        if router is not None:
+            rows += latency_rows(router_url, args.n, args.clients, "via router: ")[0]
         with Client(url) as client:
-            timed(client, noop_program(), 20)  # warm-up: connections, imports
-            noop = timed(client, noop_program(), args.n)
-            call = timed(client, call_program(), args.n // 2)
-            p50 = statistics.median(noop)
-            rows += [
-                ("no-op round trip p50", f"{p50:.2f} ms", "<= 10 ms"),
-                ("no-op round trip p99", f"{pct(noop, 0.99):.2f} ms", "<= 30 ms"),
-                ("one-function program p50 (upload+get_function+run+return)", f"{statistics.median(call):.2f} ms", "-"),
-                (f"no-op programs/s, {args.clients} clients", f"{throughput(url, args.clients, 3.0):.0f} /s", ">= 100 /s"),
-            ]
             if not args.no_blob:
                 rows += blob_rows(client, 20, p50)
             if args.gpu:
@@ -194,6 +225,8 @@ def main() -> int:
     finally:
         if local:
             local.stop()
+        if router is not None:
+            router.kill()  # type: ignore[attr-defined]
     width = max(len(r[0]) for r in rows)
     sandbox = (health.get("sandbox") or {}).get("mode", "-")
     print(f"server {url}  workers={len(health.get('workers', []))}  gpus={health.get('gpu_count')}  sandbox={sandbox}")

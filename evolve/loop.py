@@ -33,7 +33,7 @@ from evolve.leaseclock import LeaseClock
 from evolve.paths import display_path
 from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
 from evolve.population import Candidate, NewCandidate, Population, Run
-from evolve.preflight import PreflightError, problems
+from evolve.preflight import health_gpus, PreflightError, problems
 from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
 from evolve.render import RenderError, render_candidate
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
@@ -79,7 +79,14 @@ def server_concurrency(health: dict) -> int:
     """The server's GPU worker count (its GPU leases keep timed work from overlapping, and a
     second worker per GPU overlaps one request's CPU part with another's GPU part); on a
     CPU server, its worker count."""
-    workers = health.get("workers") or []
+    workers = health.get("workers")
+    if not isinstance(workers, list):
+        # A router (or a stock server) lists no workers: its request capacity is the slots
+        # its nodes hold, one per GPU worker (or CPU worker).
+        capacity = (health.get("load") or {}).get("request_capacity")
+        if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
+            return capacity
+        workers = []
     if int(health.get("gpu_count") or 0) > 0:
         on_gpu = [w for w in workers if isinstance(w, dict) and w.get("gpu_id") is not None]
         return max(1, len(on_gpu) or int(health["gpu_count"]))
@@ -330,7 +337,7 @@ class SearchLoop:
         lease_clock = LeaseClock(lambda: self.client.health(retry=False, timeout_s=2.0))
         lease_clock.start(health)
         progress = Progress(self.stream, slots, self.progress_interval_s,
-                            has_gpu=int(health.get("gpu_count") or 0) > 0, lease_clock=lease_clock)
+                            has_gpu=health_gpus(health) > 0, lease_clock=lease_clock)
 
         tried: set = set()
         submitted: set[int] = set()

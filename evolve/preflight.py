@@ -26,12 +26,22 @@ def workload_device(workload_dir: Path) -> str:
         return "cpu"
 
 
+def health_gpus(health: dict[str, Any]) -> int:
+    """GPUs behind a server. A router reports no `gpu_count` (null): its nodes' CUDA target
+    (e.g. {"arch": "sm_90a"}) says they have GPUs, its request capacity how many slots."""
+    count = health.get("gpu_count")
+    if count is None and health.get("target"):
+        capacity = (health.get("load") or {}).get("request_capacity")
+        return capacity if isinstance(capacity, int) and capacity > 0 else 1
+    return int(count or 0)
+
+
 def problems(config: RunConfig, health: dict[str, Any], families: dict[str, Family]) -> list[str]:
     found: list[str] = []
     if health.get("status") not in (None, "ok"):
         found.append(f"the server is {health.get('status')!r}, not accepting work")
     device = workload_device(config.workload_dir)
-    gpus = int(health.get("gpu_count") or 0)
+    gpus = health_gpus(health)
     if device not in CPU_DEVICES and gpus == 0:
         found.append(f"workload {config.workload_name} runs on device {device!r} but the server has no GPU "
                      "(point --remote at a GPU server, or use a CPU workload)")

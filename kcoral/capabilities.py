@@ -38,9 +38,26 @@ def _version_tuple(text: str | None) -> tuple[int, ...] | None:
     return tuple(parts) or None
 
 
+# A router's /health has no `extensions`; our nodes pass theirs in the `versions` map they
+# report (the released gateway protocol has no other free-form field). The router admits one
+# cohort, nodes whose target and versions are identical, so every node it routes to has them.
+ROUTED_EXTENSIONS_KEY = "kcoral-evolve.extensions"
+
+
+def routed_extensions(health: dict[str, Any]) -> list[str] | None:
+    """The extensions our nodes behind a router announced, or None (not a router of ours)."""
+    versions = health.get("versions")
+    if "extensions" in health or not isinstance(versions, dict):
+        return None
+    text = versions.get(ROUTED_EXTENSIONS_KEY)
+    return [e for e in text.split(",") if e] if isinstance(text, str) else None
+
+
 def is_stock_health(health: dict[str, Any]) -> bool:
-    """A stock `/health`: no `extensions`, and its load counters in `load`."""
-    return "extensions" not in health and isinstance(health.get("load"), dict)
+    """A stock `/health` (a released server's, or a router's with released nodes): no
+    `extensions`, and its load counters in `load`."""
+    return ("extensions" not in health and isinstance(health.get("load"), dict)
+            and routed_extensions(health) is None)
 
 
 @dataclass(frozen=True)
@@ -51,17 +68,22 @@ class ServerCapabilities:
     extensions: frozenset[str] = field(default_factory=frozenset)
     gpu_count: int | None = None
     stock_version: str | None = None
+    routed: bool = False   # a released router in front: a program in flight has no journal to replay it
 
     @classmethod
     def from_health(cls, health: dict[str, Any], stock_version: str | None = None) -> "ServerCapabilities":
         ext = health.get("extensions")
         gpus = health.get("gpu_count")
         gpu_count = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None
+        # A router reports no GPU count (null) where every server reports a number.
+        routed = "gpu_count" in health and health["gpu_count"] is None and isinstance(health.get("load"), dict)
+        if not isinstance(ext, list):
+            ext = routed_extensions(health)
         if isinstance(ext, list):
-            return cls(ours=True, extensions=frozenset(str(e) for e in ext), gpu_count=gpu_count)
+            return cls(ours=True, extensions=frozenset(str(e) for e in ext), gpu_count=gpu_count, routed=routed)
         if not is_stock_health(health):
             return UNKNOWN  # e.g. our server's short answer to a client without its token
-        return cls(ours=False, gpu_count=gpu_count, stock_version=stock_version)
+        return cls(ours=False, gpu_count=gpu_count, stock_version=stock_version, routed=routed)
 
     def has(self, extension: str) -> bool:
         return extension in self.extensions

@@ -13,7 +13,7 @@ from . import extensions
 from .abort import tracking_transport
 from .capabilities import UNKNOWN, ServerCapabilities, is_stock_health
 from .compat import adapt_program
-from .errors import Cancelled, RemoteError, TransportError
+from .errors import Cancelled, OutcomeUnknown, RemoteError, TransportError
 from .program import Program
 from .values import decode_value
 from .wire import RETURN_PART_RE, Outcome, WireError, dumps, encode_multipart, loads_strict, parse_header_params, parse_multipart
@@ -193,15 +193,20 @@ class Client:
             unknown = [d for d in digests if d not in program.blobs]
             if unknown:
                 raise RemoteError("parse", f"server asked for blobs this program does not hold: {unknown[:3]}")
-            answer = self._send(program_json, {d: program.blobs[d] for d in digests}, key, http_timeout)
+            answer = self._send(program_json, {d: program.blobs[d] for d in digests}, key, http_timeout,
+                                caps.routed)
             if isinstance(answer, Outcome):
                 return answer
             missing = answer
         raise RemoteError("cache_miss", "server still missed blobs after sending all of them")
 
     # ------------------------------------------------------------------ internals
-    def _send(self, program_json: bytes, blobs: dict[str, Any], key: str, timeout: httpx.Timeout) -> Outcome | list[str]:
-        """One submission (with retries); an Outcome, or the digests the server misses."""
+    def _send(self, program_json: bytes, blobs: dict[str, Any], key: str, timeout: httpx.Timeout,
+              routed: bool = False) -> Outcome | list[str]:
+        """One submission (with retries); an Outcome, or the digests the server misses.
+        Through a router, a connection that breaks once the request may have gone out is
+        an unknown outcome, not a retry: the node that ran it has no journal the next
+        node could replay, so sending it again would run it again elsewhere."""
         parts = [("program", "application/json", program_json)]
         parts += [(f"blob:{d}", "application/octet-stream", data) for d, data in blobs.items()]
         ctype, chunks = encode_multipart(parts, part_lengths=False)
@@ -209,7 +214,14 @@ class Client:
         headers = {"Content-Type": ctype, "Idempotency-Key": key}
 
         def once() -> httpx.Response:
-            r = self._http.post(f"{self.url}/execute", content=content, headers=headers, timeout=timeout)
+            try:
+                r = self._http.post(f"{self.url}/execute", content=content, headers=headers, timeout=timeout)
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+                if routed and not self._aborted.is_set():
+                    raise OutcomeUnknown(f"the connection to the router broke with the program in flight "
+                                         f"({type(exc).__name__}: {exc}); its outcome is unknown and it was "
+                                         "not sent again") from None
+                raise
             if r.status_code == 503:
                 raise _Busy(_retry_after(r), _error_from(r))
             return r
@@ -250,6 +262,8 @@ def _error_from(r: httpx.Response) -> RemoteError:
         rid = body.get("request_id", rid)
     except Exception:
         pass
+    if r.status_code == 502 and kind == "server_transport":  # a router lost the node mid-request
+        return OutcomeUnknown(message, rid)
     return RemoteError(kind, message, r.status_code, rid)
 
 

@@ -30,3 +30,12 @@ class Cancelled(RemoteError):
 
     def __init__(self) -> None:
         super().__init__("cancelled", "the call was aborted by the client")
+
+
+class OutcomeUnknown(RemoteError):
+    """A router lost the node running this program before its answer came back (the
+    released router's 502 `server_transport`). Whether the program ran is unknown, and
+    neither the router nor this client runs it again: the caller decides, and records it."""
+
+    def __init__(self, message: str, request_id: str | None = None) -> None:
+        super().__init__("outcome_unknown", message, 502, request_id)

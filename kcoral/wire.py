@@ -570,6 +570,7 @@ class Outcome(BaseModel):
     gpu: int | None = None
     worker_id: str | None = None
     server_instance: str | None = None
+    node_id: str | None = None          # the router node that ran it (our server behind a router)
 
     def raise_for_failure(self) -> "Outcome":
         if self.status == "FAILED":

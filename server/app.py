@@ -17,6 +17,7 @@ from kcoral.extensions import HEADER, parse_header
 from .auth import BearerAuth
 from .cancel import watch_disconnect
 from .engine import Engine, Reply, RequestLog, error_reply
+from .joinconfig import RouterJoin
 from .reqlog import log_event, log_request
 
 
@@ -59,7 +60,8 @@ def _response(reply: Reply) -> Response:
     return Response(reply.body, status_code=reply.status_code, media_type=reply.content_type, headers=reply.headers)
 
 
-def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
+def build_app(engine: Engine, auth: BearerAuth, join: "RouterJoin | None" = None) -> Starlette:
+    """The server's routes; with `join`, it also serves a router's slots once started."""
     async def health(request: Request) -> Response:
         full = auth.allows(request.headers.get("authorization"))
         return JSONResponse(engine.health(full))
@@ -137,9 +139,18 @@ def build_app(engine: Engine, auth: BearerAuth) -> Starlette:
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         await engine.start()
+        node = None
         try:
+            if join is not None:
+                from .gateway.node import RouterNode   # grpc only where a router is joined
+                node = RouterNode(_app, router_url=join.router_url, node_id=join.node_id, token=join.token,
+                                  slots=len(engine.specs), status=engine.node_status)
+                _app.state.router_node = node
+                await node.start()
             yield
         finally:
+            if node is not None:
+                await node.close()
             await engine.close()
             log_event("server_stopped", instance_id=engine.instance_id)
 

@@ -14,6 +14,7 @@ import uvicorn
 from .app import build_app
 from .auth import BearerAuth, public_token_problem
 from .config import ServerConfig
+from .joinconfig import RouterJoin
 from .engine import Engine
 from . import reqlog
 from .reqlog import log_event
@@ -53,7 +54,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-file-bytes", type=int, default=1 << 30, help="largest file a request writes (default 1 GiB)")
     p.add_argument("--workspace-bytes", type=int, default=2 << 30,
                    help="size of a request's tmpfs: its workspace, /tmp and /dev/shm (default 2 GiB)")
+    r = p.add_argument_group("joining a router (pip install 'kcoral-evolve[router]')")
+    r.add_argument("--router", metavar="URL",
+                   help="join this KCoral router (e.g. http://10.0.0.5:9000) as a node: slots are dialled "
+                        "out, nothing listens for the router")
+    r.add_argument("--node-id", help="this node's stable name at the router (needed with --router)")
+    r.add_argument("--node-token-file", help="file holding the router's node token (else $KCORAL_NODE_TOKEN)")
     return p
+
+
+def join_from_args(args: argparse.Namespace) -> RouterJoin | None:
+    """The router to join, or None; a clear exit for half-given or unusable settings."""
+    if not args.router:
+        if args.node_id or args.node_token_file:
+            raise SystemExit("kcoral-server: --node-id and --node-token-file need --router")
+        return None
+    if not args.node_id:
+        raise SystemExit("kcoral-server: --router needs --node-id (this node's stable name)")
+    token = None
+    if args.node_token_file:
+        try:
+            with open(args.node_token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise SystemExit(f"kcoral-server: cannot read --node-token-file: {exc}") from None
+        if not token:
+            raise SystemExit(f"kcoral-server: node token file {args.node_token_file} is empty")
+    elif os.environ.get("KCORAL_NODE_TOKEN"):
+        token = os.environ["KCORAL_NODE_TOKEN"].strip()
+    try:
+        import grpc  # noqa: F401
+        from .gateway.node import parse_endpoint
+    except ImportError as exc:
+        raise SystemExit(f"kcoral-server: --router needs grpcio and protobuf ({exc}): "
+                         "pip install 'kcoral-evolve[router]'") from None
+    try:
+        parse_endpoint(args.router)
+    except ValueError as exc:
+        raise SystemExit(f"kcoral-server: {exc}") from None
+    return RouterJoin(router_url=args.router, node_id=args.node_id, token=token)
 
 
 def _is_loopback(host: str) -> bool:
@@ -94,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         token_file=args.token_file, sandbox=args.sandbox, sandbox_uid=args.sandbox_uid,
         max_memory_bytes=args.max_memory_bytes, max_processes=args.max_processes,
         max_file_bytes=args.max_file_bytes, workspace_bytes=args.workspace_bytes,
+        node_id=args.node_id if args.router else None, node_token_file=args.node_token_file,
     )
 
 
@@ -124,15 +164,19 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
     async def _drain_then_exit(self) -> None:
+        node = getattr(getattr(self.config.app, "state", None), "router_node", None)
+        if node is not None:   # the router stops sending work here first
+            node.begin_shutdown()
         await self.engine.drain()
         self.should_exit = True
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    join = join_from_args(args)
     config = config_from_args(args)
     engine = Engine(config)
-    app = build_app(engine, BearerAuth(config.token.get_secret_value() if config.token else None))
+    app = build_app(engine, BearerAuth(config.token.get_secret_value() if config.token else None), join)
     server = DrainingServer(
         uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                        lifespan="on", timeout_keep_alive=30),

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from kcoral.capabilities import SERVER_EXTENSIONS
+from kcoral.capabilities import ROUTED_EXTENSIONS_KEY, SERVER_EXTENSIONS
 from kcoral.extensions import OptIn, header_value
 from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
 
@@ -26,6 +26,7 @@ from .cancel import Cancelled, Disconnect, unless_abandoned
 from .config import ServerConfig
 from .gpuinfo import detect_gpus, target_arch, versions
 from .holdout import SALT_FILE_NAME, HoldoutSalt
+from .joinconfig import NodeStatus
 from .journal import Journal, StoredResponse
 from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
 from . import privs
@@ -40,7 +41,7 @@ RUN_DIR_PREFIX = "kcoral-server-"
 
 # Never handed to workers: credentials, anything naming the holdout salt, and the settings
 # of an evolve run from the same shell (its database above all).
-_SECRET_ENV = ("KCORAL_SERVER_TOKEN", "KCORAL_TOKEN")
+_SECRET_ENV = ("KCORAL_SERVER_TOKEN", "KCORAL_TOKEN", "KCORAL_NODE_TOKEN")
 _SECRET_ENV_PREFIXES = ("EVOLVE_",)
 
 
@@ -133,7 +134,7 @@ class Engine:
         c = self.config
         limits = SandboxLimits(memory_bytes=c.max_memory_bytes, processes=c.max_processes,
                                file_bytes=c.max_file_bytes, workspace_bytes=c.workspace_bytes)
-        hidden = [c.state_dir, c.holdout_salt_file, c.token_file, c.work_dir, c.blob_dir,
+        hidden = [c.state_dir, c.holdout_salt_file, c.token_file, c.node_token_file, c.work_dir, c.blob_dir,
                   self.run_root, self.blobs.directory]
         policy = SandboxPolicy(SandboxMode(c.sandbox), limits, uid_base=c.sandbox_uid,
                                hidden=[h for h in hidden if h])
@@ -221,6 +222,7 @@ class Engine:
             },
             "gpu_count": len(self.gpu_ids),
             "virtual_gpus": self.backend == "virtual",
+            "node_id": self.config.node_id,
             "target": self.target,
             "versions": self.versions,
             "gpus": [{"gpu_id": g,
@@ -232,6 +234,18 @@ class Engine:
             "sandbox": self.sandbox.describe(),
             "extensions": list(SERVER_EXTENSIONS),
         }
+
+    def node_status(self) -> NodeStatus:
+        """What a router is told about this server (see server/gateway/node.py)."""
+        return NodeStatus(healthy=not self.draining, server_instance_id=self.instance_id,
+                          worker_count=len(self.specs), busy_workers=self.busy_workers(),
+                          target={k: str(v) for k, v in self.target.items()},
+                          versions={**{k: str(v) for k, v in self.versions.items()},
+                                    ROUTED_EXTENSIONS_KEY: ",".join(SERVER_EXTENSIONS)})
+
+    def busy_workers(self) -> int:
+        """Workers running a program now (admitted requests not waiting for one)."""
+        return max(0, min(len(self.specs), self.active - self.pool.queue_length))
 
     # ------------------------------------------------------------------ drain
     async def drain(self) -> None:
@@ -511,6 +525,8 @@ class Engine:
         }
         log.fields.update(lease_wait_ms=timings["lease_wait_ms"], lease_held_ms=timings["lease_held_ms"])
         common = {"instance_id": self.instance_id, "worker_id": worker.worker_id, "gpu": worker.gpu_id}
+        if self.config.node_id:  # behind a router: which node ran it
+            common["node_id"] = self.config.node_id
         ins_info = _instruction_info(program, run.index)
         if run.timed_out:
             log.fields["status"] = "TIMEOUT"

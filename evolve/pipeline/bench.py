@@ -6,7 +6,7 @@ from pathlib import Path
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TransportTrouble, normalise_kind
-from evolve.pipeline.timings import jsonable
+from evolve.pipeline.timings import jsonable, node_metric
 from evolve.population import Candidate, StageLogs, StageResult
 
 
@@ -27,6 +27,7 @@ def bench_result(rep, against: Path | None = None) -> StageResult:
         metrics["against"] = str(against)
     metrics["spreads"] = dict(getattr(rep, "spreads", {}) or {})
     metrics["request_id"] = getattr(rep, "request_id", "")
+    metrics.update(node_metric(rep))
     gpu = getattr(rep, "gpu", None)
     fields = dict(ms=rep.kernel_ms, baseline_ms=rep.baseline_ms, speedup=rep.speedup, spread=rep.spread,
                   queue_ms=getattr(rep, "queue_ms", None), lease_held_ms=getattr(rep, "lease_held_ms", None),

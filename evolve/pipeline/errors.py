@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import httpx
 
+from kcoral.errors import OutcomeUnknown
+
 # Failure kinds of the population contract.
 FAILURE_KINDS = ("check", "compile", "import", "correctness", "flaky", "holdout", "runtime",
                  "timeout", "transport", "resources", "unavailable")
@@ -27,8 +29,15 @@ def _status(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+def is_outcome_unknown(exc: BaseException) -> bool:
+    """A router lost the node mid-request: not retried in place (see runner.run_stage)."""
+    return isinstance(exc, OutcomeUnknown)
+
+
 def is_transport_error(exc: BaseException) -> bool:
     """True for errors a restarted or overloaded server explains."""
+    if is_outcome_unknown(exc):
+        return False
     if isinstance(exc, (httpx.TransportError, ConnectionError, TransportTrouble)):
         return True
     if _status(exc) in (502, 503):
@@ -42,6 +51,8 @@ def is_transport_error(exc: BaseException) -> bool:
 
 def failure_kind(exc: BaseException) -> str:
     """The failure kind to record for an exception that is not transport trouble."""
+    if is_outcome_unknown(exc):
+        return "transport"
     if isinstance(exc, TimeoutError) or _status(exc) == 504:
         return "timeout"
     kind = getattr(exc, "kind", None)

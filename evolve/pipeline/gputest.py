@@ -4,7 +4,7 @@ from __future__ import annotations
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TransportTrouble, normalise_kind
-from evolve.pipeline.timings import jsonable, outcome_fields
+from evolve.pipeline.timings import jsonable, node_metric, outcome_fields
 from evolve.population import Candidate, StageLogs, StageResult
 
 
@@ -19,10 +19,11 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
         raise TransportTrouble(rep.message)
     regimes = jsonable(getattr(rep, "regimes", {}) or {})
     timing = outcome_fields(getattr(rep, "outcome", None))
+    where = node_metric(getattr(rep, "outcome", None))
     crash = last_traceback(rep.stderr or "")
     logs = StageLogs(stdout=rep.stdout or "", stderr=rep.stderr or "", traceback=crash or "")
     if rep.passed:
-        return StageResult(status="passed", metrics={"regimes": regimes}, logs=logs, **timing)
+        return StageResult(status="passed", metrics={"regimes": regimes, **where}, logs=logs, **timing)
     bad = {k: v for k, v in regimes.items() if v}
     if rep.timed_out or rep.message.startswith("timeout"):
         kind, message = "timeout", rep.message or f"gputest ran past {cfg.timeout:.0f} s"
@@ -39,4 +40,4 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     else:
         kind, message = "correctness", f"bad regimes: {bad}" if bad else f"exit {rep.exit_code}: {rep.stderr[-2000:]}"
     return StageResult(status="failed", failure_kind=kind, message=message.strip()[:4000],
-                       metrics={"regimes": regimes, "exit_code": rep.exit_code}, logs=logs, **timing)
+                       metrics={"regimes": regimes, "exit_code": rep.exit_code, **where}, logs=logs, **timing)

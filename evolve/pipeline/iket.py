@@ -8,7 +8,7 @@ from kcoral.remote import SendSpec, run_iket
 
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
-from evolve.pipeline.timings import outcome_fields
+from evolve.pipeline.timings import node_metric, outcome_fields
 from evolve.population import Candidate, StageLogs, StageResult
 
 
@@ -46,4 +46,4 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
                            message=(f"{exception_line(crash)}\n" if crash else "") + f"iket exit {res.exit_code}: {why}"[:4000],
                            logs=logs, **timing)
     summary = {name: summarise(data) for name, data in res.traces.items()}
-    return StageResult(status="passed", metrics={"traces": summary}, logs=logs, **timing)
+    return StageResult(status="passed", metrics={"traces": summary, **node_metric(res.outcome)}, logs=logs, **timing)

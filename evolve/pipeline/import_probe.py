@@ -22,7 +22,7 @@ from typing import Any
 from kcoral import Client
 from kcoral.remote import SendSpec, run_python
 
-from evolve.pipeline.timings import outcome_fields
+from evolve.pipeline.timings import node_metric, outcome_fields
 
 ENTRY = "solution.py"
 # Packages that exist only where the GPU is; an import that lacks them is not a failure.
@@ -91,9 +91,9 @@ def probe(client: Client, directory: Path, timeout: float) -> ProbeResult:
         return ProbeResult(f"import probe failed (exit {res.exit_code}): {res.stderr[-2000:]}", timing=timing)
     missing = answer.get("missing")
     if missing and str(missing).split(".")[0] in GPU_ONLY_MODULES:
-        return ProbeResult(None, {"import": f"skipped on the server: needs {missing}"}, timing)
+        return ProbeResult(None, {"import": f"skipped on the server: needs {missing}", **node_metric(outcome)}, timing)
     if "error" in answer:
         return ProbeResult(str(answer["error"]), timing=timing)
     if not answer.get("setup"):
         return ProbeResult(f"{ENTRY} defines no callable setup(data, B, T, H)", timing=timing)
-    return ProbeResult(None, {"import": "ok"}, timing)
+    return ProbeResult(None, {"import": "ok", **node_metric(outcome)}, timing)

@@ -6,7 +6,7 @@ from kcoral.remote import SendSpec, run_ncu
 
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
-from evolve.pipeline.timings import outcome_fields
+from evolve.pipeline.timings import node_metric, outcome_fields
 from evolve.population import Candidate, StageLogs, StageResult
 
 
@@ -27,7 +27,7 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     crash = last_traceback(res.stderr or "")
     logs = StageLogs(stdout=getattr(res, "stdout", "") or "", stderr=res.stderr or "", traceback=crash or "")
     kernels = [k.model_dump(exclude={"values", "units"}) for k in res.metrics.kernels]
-    metrics = {"kernels": kernels, "exit_code": res.exit_code}
+    metrics = {"kernels": kernels, "exit_code": res.exit_code, **node_metric(res.outcome)}
     if res.exit_code != 0 or not kernels:
         why = res.metrics_error or res.stderr[-2000:] or "no kernel was profiled"
         return StageResult(status="failed", failure_kind="timeout" if res.timed_out else "runtime",

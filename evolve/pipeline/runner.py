@@ -18,7 +18,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from evolve.digest import verify_sources
 from evolve.pipeline import bench, check, gputest, iket, ncu
 from evolve.pipeline.context import StageContext
-from evolve.pipeline.errors import failure_kind, is_transport_error
+from evolve.pipeline.errors import failure_kind, is_outcome_unknown, is_transport_error
 from evolve.population import Candidate, StageLogs, StageResult
 from evolve.stage_progress import StageEvent, StagePhase
 
@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Candidate], StageResult]] = {
     "check": check.run, "gputest": gputest.run, "iket": iket.run, "ncu": ncu.run, "bench": bench.run,
 }
+# Metrics key of a row whose outcome a router lost (the stage is retried once, see run_stage).
+OUTCOME_UNKNOWN = "outcome_unknown"
 # Stages that record their own server instance (check touches the server only for its import probe).
 LOCAL_STAGES = {"check"}
 
@@ -62,8 +64,9 @@ def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
         result = retrying(fn)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded with its kind
         kind = "transport" if is_transport_error(exc) else failure_kind(exc)
+        metrics = {OUTCOME_UNKNOWN: True} if is_outcome_unknown(exc) else {}
         return StageResult(status="failed", failure_kind=kind, message=f"{type(exc).__name__}: {exc}"[:4000],
-                           logs=StageLogs(traceback="".join(traceback.format_exception(exc))))
+                           metrics=metrics, logs=StageLogs(traceback="".join(traceback.format_exception(exc))))
     return result
 
 
@@ -92,6 +95,15 @@ def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | No
     if not ctx.pop.finish_stage(eid, result):
         log.warning("evaluation %s was closed by someone else; result dropped", eid)
     ctx.stats.add_lease(result.lease_held_ms)
+    if result.metrics.get(OUTCOME_UNKNOWN) and retry_of is None and not ctx.cancel.is_set():
+        # A router lost the node mid-stage: this row says so (failed, transport, outcome
+        # unknown) and the stage runs once more as a new row that names it; a second loss
+        # stands as the stage's result.
+        log.warning("evaluation %s: outcome unknown (node lost); retrying the stage once", eid)
+        _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.FINISHED, status=result.status,
+                              failure_kind=result.failure_kind, seconds=time.monotonic() - started,
+                              message="outcome unknown (node lost): retried"))
+        return run_stage(ctx, stage, cand, retry_of=eid, fn=fn)
     first_line = next((ln.strip() for ln in result.message.splitlines() if ln.strip()), "")
     _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.FINISHED, status=result.status,
                           failure_kind=result.failure_kind, seconds=time.monotonic() - started,

@@ -5,15 +5,28 @@ from typing import Any
 
 
 def outcome_fields(outcome: Any) -> dict[str, Any]:
-    """queue_ms and lease_held_ms of a kcoral Outcome (absent ones stay None)."""
+    """queue_ms, lease_held_ms, and where it ran (server instance, GPU) of a kcoral
+    Outcome (absent ones stay None)."""
     if outcome is None:
         return {}
-    out = {}
+    out: dict[str, Any] = {}
     for name in ("queue_ms", "lease_held_ms"):
         value = getattr(outcome, name, None)
         if isinstance(value, (int, float)):
             out[name] = float(value)
+    instance = getattr(outcome, "server_instance", None)
+    if isinstance(instance, str) and instance:
+        out["server_instance"] = instance
+    gpu = getattr(outcome, "gpu", None)
+    if isinstance(gpu, int) and not isinstance(gpu, bool):
+        out["gpu"] = str(gpu)
     return out
+
+
+def node_metric(source: Any) -> dict[str, str]:
+    """{"node": id} when a router node ran it (an Outcome's or a BenchReport's node_id)."""
+    node = getattr(source, "node_id", None)
+    return {"node": node} if isinstance(node, str) and node else {}
 
 
 def jsonable(value: Any) -> Any:

@@ -48,6 +48,7 @@ class BenchReport(BaseModel):
     log: str = ""  # the judge's stderr (candidate prints included), tail
     request_id: str = ""
     server_instance: str | None = None
+    node_id: str | None = None
     gpu: int | None = None
     queue_ms: float | None = None
     lease_held_ms: float | None = None

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kcoral.capabilities import HOLDOUT_SEEDS, capabilities_of
-from kcoral.errors import RemoteError
+from kcoral.errors import OutcomeUnknown, RemoteError
 from kcoral.remote import server_max_timeout
 
 from .program import bench_program
@@ -62,11 +62,14 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
             program, _ = bench_program(source, archive, wl.holdout_namespace, wl.holdout_count, options,
                                        client_seeds(wl.holdout_count))
             outcome = client.execute(program, timeout_seconds=timeout)
+    except OutcomeUnknown:
+        raise   # not a verdict on the candidate: the caller decides whether to run it again
     except RemoteError as exc:
         kind = "timeout" if exc.kind == "timeout" else "transport"
         return BenchReport.failure(kind, f"{exc.kind}: {exc.message}", candidate=options["candidate_name"],
                                    workload=wl.name, request_id=exc.request_id or "")
     meta = dict(request_id=outcome.request_id, server_instance=outcome.server_instance, gpu=outcome.gpu,
+                node_id=outcome.node_id,
                 queue_ms=outcome.queue_ms, lease_held_ms=outcome.lease_held_ms)
     if outcome.status == "FAILED":
         err = outcome.error
@@ -143,6 +146,8 @@ def run_gputest(client: Any, workload_dir: str | Path, candidate_dir: str | Path
         try:
             res = run_python(client, [SendSpec(staged)], script="test_small.py", args=[], env=run_env,
                              timeout=timeout)
+        except OutcomeUnknown:
+            raise
         except RemoteError as exc:
             return GputestReport(passed=False, message=f"{exc.kind}: {exc.message}")
     regimes = parse_bad_lines(res.stdout)

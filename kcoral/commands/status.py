@@ -5,6 +5,8 @@ import argparse
 import json
 from typing import Any
 
+from kcoral.capabilities import routed_extensions
+
 from kcoral.cli import add_remote_options, make_client
 
 
@@ -42,7 +44,11 @@ def status_line(health: dict[str, Any]) -> str:
     if health.get("uptime_seconds") is not None:
         parts.append(f"uptime={float(health['uptime_seconds']):.0f}s")
     if isinstance(stock, dict) and not isinstance(health.get("extensions"), list):
-        parts.append("server=stock")  # the released protocol only: no extensions
+        # A router reports no GPU count (null) where a server reports a number.
+        router = "gpu_count" in health and health["gpu_count"] is None
+        ours = routed_extensions(health) is not None
+        parts.append(("server=router" + ("(kcoral-evolve nodes)" if ours else "(released nodes)")) if router
+                     else "server=stock")  # the released protocol only: no extensions
     return " ".join(parts)
 
 
