@@ -86,7 +86,8 @@ class Session:
         host.request({"op": "setup", "session": self.id, "which": which, "B": spec.B, "T": T, "H": spec.H,
                       "scale": float(spec.scale), "buffers": [self.buf.info()], "inputs": in_desc,
                       "output": out_desc["output"], "final_state": out_desc["final_state"],
-                      "input_block": in_block, "output_block": out_block},
+                      "input_block": in_block, "output_block": out_block,
+                      "flush_bytes": int(spec.timing.flush_bytes)},
                      fds=[self.buf.fd] if self.buf.fd is not None else [])
 
     def batch(self, makers: list[MakeInputs], flush_bytes: int = 0) -> Batch:
