@@ -91,6 +91,38 @@ def test_unusable_host_times_leave_the_judge_clock():
     assert f.clock == "judge" and f.ms == pytest.approx(4.0)
 
 
+def test_on_the_cpu_clock_the_judges_cpu_reading_weighs_the_host_and_wall_time_is_ignored():
+    # A loaded machine: the batch took 500 ms of wall time for 50 ms of CPU; the host's CPU
+    # times stand because the judge's CPU reading agrees with them.
+    null = Batch([], [0.0] * 5, 5.0, cpu_clock=True, cpu_ms=4.0)
+    f = clock_figure(Batch([], [10.0, 10.0, 11.0, 10.0, 12.0], 500.0, cpu_clock=True, cpu_ms=4.0 + 53.5),
+                     null, TIMING)
+    assert f.clock == "host" and f.ms == 10.5 and f.judge_clock == "cpu"
+    # The host understates its CPU time: the judge's CPU figure stands.
+    f = clock_figure(Batch([], [0.1] * 5, 500.0, cpu_clock=True, cpu_ms=4.0 + 50.0), null, TIMING)
+    assert f.clock == "judge" and f.ms == pytest.approx(10.0)
+
+
+def test_on_the_cpu_clock_a_batch_whose_reading_is_incomplete_gets_the_wall_figure():
+    # Tasks came or went during the batch (a forked helper did the work and was reaped):
+    # the host's CPU times cannot be weighed, so the judge's wall figure is used.
+    null = Batch([], [0.0] * 5, 5.0, cpu_clock=True, cpu_ms=4.0)
+    f = clock_figure(Batch([], [0.1] * 5, 5.0 + 50.0, cpu_clock=True, cpu_ms=None), null, TIMING)
+    assert f.clock == "judge" and f.ms == pytest.approx(10.0) and "wall clock" in f.why
+
+
+def test_the_cpu_reading_refuses_a_batch_in_which_a_task_was_created():
+    from judge import cpuclock
+
+    if not cpuclock.available():
+        pytest.skip("no per-process CPU clocks here (not Linux)")
+    before = cpuclock.read()
+    subprocess.run(["true"], check=True)  # a process that came and went
+    assert cpuclock.between(before, cpuclock.read()) is None
+    same = cpuclock.read()
+    assert cpuclock.between(same, same) == 0.0
+
+
 def test_runner_refuses_a_report_without_the_judges_signature():
     report = {"passed": True, "speedup": 100.0}
     good = json.dumps(sign(report, "k" * 64)).encode()

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from . import cpuclock
 from .backend import BF16, Backend, bits_view, poison, write_into
 from .compare import check_output
 from .hostproc import HostProcess
@@ -68,6 +69,9 @@ class Batch:
     snapshots: list[dict]  # per call: views of judge-private copies of output and final_state
     host_ms: list[float]
     wall_ms: float  # the judge's clock: request sent -> snapshot complete
+    cpu_clock: bool = False  # the host timed calls by CPU time (the CPU twin, see cpuclock.py)
+    cpu_ms: float | None = None  # CPU time of every process the judge started, over the batch;
+    #                              None when it could not be read whole (tasks came or went)
 
 
 class Session:
@@ -107,23 +111,27 @@ class Session:
         order = list(range(n))
         random.SystemRandom().shuffle(order)  # drawn now, unknown to the host
         be.sync()
+        cpu = be.device == "cpu" and cpuclock.available()
+        before = cpuclock.read() if cpu else None
         t0 = time.perf_counter()
         try:
             reply = self.host.request(
                 {"op": "calls", "session": self.id, "buffers": [buf.info()], "flush_bytes": int(flush_bytes),
-                 "sets": [block for _, _, block in sets], "results": [block for _, _, block in results]},
+                 "sets": [block for _, _, block in sets], "results": [block for _, _, block in results],
+                 "clock": "cpu" if cpu else "wall"},
                 fds=[buf.fd] if buf.fd is not None else [])
             for i in order:
                 private[i][...] = _block(buf, results[i][2])
             be.sync()
             wall = (time.perf_counter() - t0) * 1e3
+            cpu_ms = cpuclock.between(before, cpuclock.read()) if before is not None else None
         finally:
             self.host.retire(buf)
         snaps = [_split(p, descs, block["offset"]) for p, (_, descs, block) in zip(private, results)]
         ms = reply.get("ms")
         if not isinstance(ms, list) or len(ms) != n or not all(_is_ms(x) for x in ms):
             ms = [math.nan] * n  # the host's figures are unusable: only the judge's clock counts
-        return Batch(snaps, [float(x) for x in ms], wall)
+        return Batch(snaps, [float(x) for x in ms], wall, cpu, cpu_ms)
 
     def inputs_intact(self, last: Inputs) -> list[str]:
         """Names of the lent inputs the last call changed (they must be read-only to it)."""
