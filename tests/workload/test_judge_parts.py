@@ -111,10 +111,15 @@ def test_on_the_cpu_clock_a_batch_whose_reading_is_incomplete_gets_the_wall_figu
     assert f.clock == "judge" and f.ms == pytest.approx(10.0) and "wall clock" in f.why
 
 
-def test_the_cpu_reading_refuses_a_batch_in_which_a_task_was_created():
+def test_the_cpu_reading_refuses_a_batch_in_which_a_task_was_created(monkeypatch):
     from judge import cpuclock
 
-    if not cpuclock.available():
+    monkeypatch.delenv("KCORAL_SANDBOX", raising=False)
+    assert not cpuclock.available()  # outside the server's sandbox: the wall clock
+    monkeypatch.setenv("KCORAL_SANDBOX", "none")
+    assert not cpuclock.available()
+
+    if not cpuclock.supported():
         pytest.skip("no per-process CPU clocks here (not Linux)")
     before = cpuclock.read()
     subprocess.run(["true"], check=True)  # a process that came and went

@@ -12,9 +12,15 @@ helper that did work and was reaped takes its CPU time out of every live clock. 
 reading stands only when the set of the judge's descendants is the same on both sides of
 the batch and no task was created in between (the pid namespace's last pid, from
 /proc/loadavg, did not move); otherwise `between` gives None and the judge falls back to
-its wall clock for that batch. Inside the server's sandbox (its own pid namespace) only
-the judge's processes create tasks; elsewhere other processes may, which only costs
-precision (the wall clock), never correctness."""
+its wall clock for that batch.
+
+CPU time only counts the work of processes the judge can read, so the CPU clock is used
+only inside the server's bubblewrap sandbox (KCORAL_SANDBOX=bwrap, set by the server for
+its workers): there the request's own pid and network namespaces hold every process a
+candidate can reach, all of them the judge's. Elsewhere (a server run with --sandbox none,
+a stock KCoral server, the judge run by hand) a candidate could hand its work to a process
+started beforehand outside the judge's tree and wait for the answer, which costs no CPU
+time of its own: the wall clock is used there."""
 from __future__ import annotations
 
 import os
@@ -63,6 +69,11 @@ def between(before: Reading, after: Reading) -> float | None:
 
 
 def available() -> bool:
+    """Use the CPU clock: inside the server's bubblewrap sandbox, where it is supported."""
+    return os.environ.get("KCORAL_SANDBOX") == "bwrap" and supported()
+
+
+def supported() -> bool:
     """Linux with per-process CPU clocks readable for a child (tried once, on ourselves)."""
     if not _ok:
         try:

@@ -22,6 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from . import cpuclock
 from .backend import Backend
 from .spec import Timing
 
@@ -80,13 +81,17 @@ def method_text(be: Backend, t: Timing) -> str:
     mib = t.flush_bytes / 2**20
     if be.device == "cuda":
         per_call = f"CUDA events back to back on the host's stream (refill, poison, flush {mib:.0f} MiB, start, call, end)"
-    else:
+    elif cpuclock.available():
         per_call = (f"CPU time per call (the host's process CPU clock, every thread; one BLAS thread), "
                     f"{mib:.0f} MiB buffer written before each call")
+    else:
+        per_call = (f"perf_counter per call in the host (one BLAS thread; wall time: not in the server's "
+                    f"sandbox), {mib:.0f} MiB buffer written before each call")
+    cpu = be.device != "cuda" and cpuclock.available()
     return (f"{per_call}, fresh inputs every call, every call verified; {t.trials} trials x {t.calls} calls "
             f"(+{t.warmup} warm-up), baseline and kernel in separate processes, alternating by trial, "
             f"fresh setup per trial; weighed against the judge's own clock"
-            + (" (the CPU clocks of every process it started)" if be.device != "cuda" else "")
+            + (" (the CPU clocks of every process it started)" if cpu else "")
             + "; mean of trial medians")
 
 
