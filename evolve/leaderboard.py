@@ -5,13 +5,9 @@ widest spread its runs measured and a noise flag: the spread is at least the gai
 
 Ranking walks the `candidates.best_speedup` index from the top (the column is kept by
 `Population.finish_stage`); details (times, spread, sectors, confirmation marks) are
-then fetched for the few rows shown.
+then fetched for the few rows shown. The views of these rows are in `evolve.leaderboard_view`.
 """
 from __future__ import annotations
-
-import json
-from collections.abc import Sequence
-from pathlib import PurePath
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -121,45 +117,3 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
             )
         )
     return rows
-
-
-def _fmt(value: float | int | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _short_dir(directory: str | None) -> str:
-    # Generated candidates live in gen/<digest>/: a short digest names them well enough.
-    return PurePath(directory).name[:12] if directory else "-"
-
-
-def format_table(rows: Sequence[LeaderboardRow]) -> str:
-    """A plain-text table: rank, id, name, ms, baseline ms, speedup, spread (and noise flag),
-    confirmed, sectors, origin."""
-    header = ["rank", "id", "name", "ms", "baseline ms", "speedup", "spread", "confirmed", "excess sectors",
-              "origin"]
-    body = [
-        [
-            str(r.rank),
-            str(r.candidate_id),
-            r.name or _short_dir(r.directory),
-            _fmt(r.ms, ".4f"),
-            _fmt(r.baseline_ms, ".4f"),
-            f"{r.speedup:.3f}x",
-            ("-" if r.spread is None else f"{r.spread:.1%}") + (" noisy" if r.noisy else ""),
-            ("✓ best" if r.best else "✓") if r.confirmed else "",
-            _fmt(r.excessive_sectors, ",d"),
-            r.source,
-        ]
-        for r in rows
-    ]
-    widths = [max(len(h), *(len(line[i]) for line in body)) if body else len(h) for i, h in enumerate(header)]
-    numeric = {0, 1, 3, 4, 5, 8}
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(b) for b in body)])
-
-
-def to_json(rows: Sequence[LeaderboardRow]) -> str:
-    return json.dumps([r.model_dump(mode="json") for r in rows], indent=2)

@@ -33,7 +33,7 @@ from evolve.leaseclock import LeaseClock
 from evolve.paths import display_path
 from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
 from evolve.population import Candidate, NewCandidate, Population, Run
-from evolve.preflight import health_gpus, PreflightError, problems
+from evolve.preflight import PreflightError, health_gpus, probe_ncu, problems, tool_problems
 from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
 from evolve.render import RenderError, render_candidate
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
@@ -292,7 +292,8 @@ class SearchLoop:
         workload_id = self.pop.ensure_workload(cfg.workload_name, display_path(cfg.workload_dir))
         health = self.client.health()
         slots = cfg.remote.concurrency or server_concurrency(health)
-        found = problems(cfg, health, families)
+        found = problems(cfg, health, families) or tool_problems(cfg, health, families,
+                                                                 lambda: probe_ncu(self.client))
         if found:  # before any run or candidate is recorded: nothing to clean up
             self.events.emit(EventKind.ABORT, run_id=None, workload=cfg.workload_name,
                              reason="preflight: " + "; ".join(found))

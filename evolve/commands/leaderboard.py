@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from evolve.db import DB_HELP, SchemaVersionError
-from evolve.leaderboard import format_table, to_json
+from evolve.leaderboard_view import format_table, to_json
 from evolve.population import Population
 
 

@@ -1,4 +1,5 @@
-"""`evolve report --out report.html`: a self-contained HTML report of the search."""
+"""`evolve report --out report.html`: a self-contained HTML report of the search (built by
+evolve.report; see docs/evolve.md)."""
 from __future__ import annotations
 
 import argparse

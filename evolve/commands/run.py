@@ -16,7 +16,7 @@ from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
 from evolve.events import EventHook
 from evolve.families import FamilyError
-from evolve.leaderboard import format_table
+from evolve.leaderboard_view import format_table, row_json
 from evolve.loop import JOIN_LATEST, JoinError, RunSummary, SearchLoop
 from evolve.preflight import PreflightError
 from evolve.population import Population
@@ -109,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
         return 130
     if args.json:
         emit({"summary": summary.model_dump(mode="json"),
-              "leaderboard": [r.model_dump(mode="json") for r in pop.leaderboard(summary.workload_id)]})
+              "leaderboard": [row_json(r) for r in pop.leaderboard(summary.workload_id)]})
     else:
         _print_summary(summary, pop)
     if summary.aborted:

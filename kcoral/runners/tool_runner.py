@@ -305,13 +305,16 @@ def run_python(archive: bytes, spec: dict) -> dict:
     return result
 
 
+# Nsight Compute is often installed without being on PATH. (evolve's preflight asks the
+# server the same question with these patterns: evolve/preflight.py.)
+NCU_PATTERNS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu", "/usr/local/NVIDIA-Nsight-Compute*/ncu")
+
+
 def _find_ncu(env: dict[str, str]) -> str:
     found = shutil.which("ncu", path=env.get("PATH"))
     if found:
         return found
-    # Nsight Compute is often installed without being on PATH.
-    for pattern in ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu",
-                    "/usr/local/NVIDIA-Nsight-Compute*/ncu"):
+    for pattern in NCU_PATTERNS:
         hits = sorted(glob.glob(pattern))
         if hits:
             return hits[-1]

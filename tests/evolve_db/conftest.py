@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from evolve.db import Database, open_database
-from evolve.population import NewCandidate, Population, StageResult
+from evolve.population import NewCandidate, Population, StageLogs, StageResult
 
 
 @pytest.fixture
@@ -61,3 +61,20 @@ def populate(pop: Population, workload_id: int) -> dict[str, int]:
     c2 = finish(pop, fast, "confirm", StageResult(status="passed", speedup=2.9), run)
     pop.promote(fast, seed, [c2], margin=0.02, speedup_over_best=2.9)
     return {"run": run, "seed": seed, "fast": fast, "slow": slow, "broken": broken}
+
+
+def add_tools_and_a_crash(pop: Population, workload_id: int, ids: dict[str, int]) -> int:
+    """After `populate`: IKET and NCU results for "slow", and a child of "fast" whose bench
+    crashed with a message holding markup and stored logs. Returns the crashed one's id."""
+    run = ids["run"]
+    finish(pop, ids["slow"], "iket", StageResult(status="passed", metrics={"traces": {"trace.json": {
+        "stages": {"w0:prep": {"count": 4, "mean_us": 12.5}, "w1:state": {"count": 4, "mean_us": 30.25}},
+        "span_us": 170.0}}}), run)
+    finish(pop, ids["slow"], "ncu", StageResult(status="passed", excessive_sectors=6144, metrics={"kernels": [
+        {"name": "kda_prep_kernel", "duration_ns": 731000.0, "sectors_excessive": 6144, "registers": 96}]}), run)
+    crash = make_candidate(pop, workload_id, "crash", family="two_pass", parents=[ids["fast"]], generation=2,
+                           operator="mutate", run_id=run)
+    finish(pop, crash, "bench", StageResult(
+        status="failed", failure_kind="runtime", message="ValueError: chunk must divide T <script>alert(1)</script>",
+        logs=StageLogs(stderr="warming up\n", traceback="Traceback (most recent call last):\nValueError: chunk")), run)
+    return crash

@@ -5,7 +5,7 @@ import json
 from sqlalchemy import update
 
 from evolve.db.models import CandidateModel
-from evolve.leaderboard import format_table, to_json
+from evolve.leaderboard_view import format_table, to_json
 from evolve.population import Population, StageResult
 
 from .conftest import finish, make_candidate, populate

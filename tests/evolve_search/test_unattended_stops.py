@@ -68,3 +68,41 @@ def test_the_breaker_counts_one_cause_in_a_row():
     assert b.record_failure("runtime", "x") is None
     assert "3 consecutive" in (b.record_failure("runtime", "x") or "")
     assert FailureBreaker(0).record_failure("import", "x") is None
+
+
+def _with_tool_stages(tmp_path) -> str:
+    text = write_config(tmp_path, max_evals=2).read_text()
+    text += ('\n[stages.ncu]\nenabled = true\napp = ["python", "capture_ncu.py"]\n'
+             '[stages.iket]\nenabled = true\napp = ["python", "capture_iket.py"]\n')
+    cfg = tmp_path / "tools.toml"
+    cfg.write_text(text)
+    return str(cfg)
+
+
+def test_preflight_refuses_tool_stages_on_a_server_without_a_gpu(tmp_path, cpu_server):
+    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
+    proc = run_cli("run", _with_tool_stages(tmp_path), "--remote", cpu_server.url, "--db", db_url, cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    assert "preflight: stages iket, ncu are enabled but the server has no GPU" in proc.stderr
+    assert population(db_url).candidates() == []
+
+
+def test_preflight_checks_the_tool_stages_apps_and_asks_the_server_for_ncu(tmp_path):
+    """On a GPU server (virtual GPUs: the preflight only reads /health and runs a Python
+    probe there): the family's candidates lack the stages' capture scripts, and ncu is
+    reported as the server finds it."""
+    import glob
+
+    from kcoral.runners.tool_runner import NCU_PATTERNS
+    from tests.serverproc import ServerProcess
+
+    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
+    with ServerProcess(["--virtual-gpus", "1"]) as srv:
+        proc = run_cli("run", _with_tool_stages(tmp_path), "--remote", srv.url, "--db", db_url, cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    assert "stage ncu runs capture_ncu.py in the candidate's folder, but the candidates of families " \
+           "['numpy_chunked'] have no such file" in proc.stderr
+    assert "stage iket runs capture_iket.py" in proc.stderr
+    has_ncu = shutil.which("ncu") or any(glob.glob(p) for p in NCU_PATTERNS)  # the server runs here
+    assert ("the server has no Nsight Compute" in proc.stderr) == (not has_ncu), proc.stderr[-3000:]
+    assert population(db_url).candidates() == []

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from . import cpuclock
 from .backend import BF16, Backend, bits_view, poison, write_into
 from .compare import check_output
 from .hostproc import HostProcess
@@ -63,6 +64,9 @@ class Batch:
     snapshots: list[dict]  # per call: judge-private copies of output and final_state
     host_ms: list[float]
     wall_ms: float  # the judge's clock: the sum over calls of inputs written -> snapshot complete
+    cpu_clock: bool = False  # the host timed calls by CPU time (the CPU twin, see cpuclock.py)
+    cpu_ms: float | None = None  # CPU time of every process the judge started, over the batch's
+    #                              calls; None when it could not be read whole (tasks came or went)
 
 
 class Session:
@@ -81,7 +85,8 @@ class Session:
         host.request({"op": "setup", "session": self.id, "which": which, "B": spec.B, "T": T, "H": spec.H,
                       "scale": float(spec.scale), "buffers": [self.buf.info()], "inputs": in_desc,
                       "output": out_desc["output"], "final_state": out_desc["final_state"],
-                      "input_block": in_block, "output_block": out_block},
+                      "input_block": in_block, "output_block": out_block,
+                      "flush_bytes": int(spec.timing.flush_bytes)},
                      fds=[self.buf.fd] if self.buf.fd is not None else [])
 
     def batch(self, makers: list[MakeInputs], flush_bytes: int = 0) -> Batch:
@@ -97,9 +102,13 @@ class Session:
         be, xp = self.be, self.be.xp
         n = len(makers)
         snaps, ms, wall = [], [], 0.0
+        cpu = be.device == "cpu" and cpuclock.available()
+        cpu_ms: float | None = 0.0
+        whole = cpuclock.read() if cpu else None  # a task that came and went between calls voids it too
         for i, make in enumerate(makers):
             fresh = make()
             be.sync()
+            before = cpuclock.read() if cpu else None
             t0 = time.perf_counter()
             for name in INPUT_NAMES:
                 write_into(xp, self.inputs[name], fresh[name])
@@ -107,19 +116,24 @@ class Session:
             poison(xp, self.outs["final_state"])
             be.sync()
             reply = self.host.request({"op": "call", "session": self.id, "flush_bytes": int(flush_bytes),
-                                       "flush_tag": i, "last": i == n - 1})
+                                       "flush_tag": i, "last": i == n - 1, "clock": "cpu" if cpu else "wall"})
             private = {name: xp.empty_like(a) for name, a in self.outs.items()}
             for name, a in self.outs.items():
                 private[name][...] = a
             be.sync()
             wall += (time.perf_counter() - t0) * 1e3
+            if cpu_ms is not None and before is not None:
+                spent = cpuclock.between(before, cpuclock.read())
+                cpu_ms = None if spent is None else cpu_ms + spent
             del fresh
             snaps.append(private)
             x = reply.get("ms")
             ms.append(float(x) if _is_ms(x) else math.nan)  # unusable: only the judge's clock counts
+        if whole is not None and cpuclock.between(whole, cpuclock.read()) is None:
+            cpu_ms = None
         if not all(math.isfinite(x) for x in ms):
             ms = [math.nan] * n
-        return Batch(snaps, ms, wall)
+        return Batch(snaps, ms, wall, cpu, cpu_ms if cpu else None)
 
     def inputs_intact(self, last: Inputs) -> list[str]:
         """Names of the lent inputs the last call changed (they must be read-only to it)."""

@@ -33,6 +33,12 @@ REPLY_TIMEOUT_S = 600.0
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
             "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS",
             "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "MKL_NUM_THREADS")
+# On the CPU every host (baseline, null, candidate, incumbent) runs its BLAS on one thread:
+# with the default pool of one thread per core, a 2-core machine that is doing anything else
+# makes each call wait for a busy core, and the baseline's 64-token matmuls swung between
+# 6.5 and 9.9 ms from trial to trial (docs/benchmarks.md). One thread each is the same
+# footing for both sides, and the spread it leaves is the machine's, not the pool's.
+CPU_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _live: dict[int, "HostProcess"] = {}
 
 
@@ -100,6 +106,8 @@ class HostProcess:
         cache.mkdir(parents=True, exist_ok=True)
         env.update(HOME=str(self.workdir), TMPDIR=str(self.workdir / "tmp"), PYTHONDONTWRITEBYTECODE="1",
                    PYTHONUNBUFFERED="1", CUPY_CACHE_DIR=str(cache / "cupy"), TRITON_CACHE_DIR=str(cache / "triton"))
+        if device == "cpu":
+            env.update(CPU_THREAD_ENV)
         if role == "trusted":  # no candidate code there: it keeps the judge's compile caches
             env.update({k: v for k, v in os.environ.items() if k in ("HOME", "CUPY_CACHE_DIR", "TRITON_CACHE_DIR")})
         kw: dict = {}

@@ -10,6 +10,11 @@ writing its inputs to the snapshot of its outputs), sums it over the batch, and 
 same batch with a no-op candidate in a trusted host. What the judge saw beyond the no-op batch is the work of the
 calls: the host's times stand only if they account for it within the slack; otherwise the
 judge's own figure (that time over the number of calls) is used, and the report says so.
+
+On the CPU both clocks are CPU time instead (cpuclock.py): the host's process CPU time per
+call, the judge's reading of every process it started. Wall time on a shared machine is
+the machine's load as much as the candidate's work. A batch whose CPU reading cannot be
+taken whole (tasks came or went) gets the judge's wall figure.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from . import cpuclock
 from .backend import Backend
 from .spec import Timing
 
@@ -25,20 +31,33 @@ from .spec import Timing
 class Figure:
     ms: float  # the per-call figure of one batch: median of the timed calls, or the judge's mean
     clock: str  # "host" (median of the host's times) | "host_mean" (their mean) | "judge"
-    wall_ms: float
-    null_wall_ms: float
+    wall_ms: float  # the judge's measure of the batch (CPU ms when judge_clock is "cpu")
+    null_wall_ms: float  # the same for the no-op batch
     host_total_ms: float
     why: str = ""
+    judge_clock: str = "wall"  # "wall" | "cpu"
 
     def as_dict(self) -> dict:
-        return {"ms": self.ms, "clock": self.clock, "wall_ms": self.wall_ms, "null_wall_ms": self.null_wall_ms,
-                "host_total_ms": self.host_total_ms,
+        return {"ms": self.ms, "clock": self.clock, "judge_clock": self.judge_clock, "wall_ms": self.wall_ms,
+                "null_wall_ms": self.null_wall_ms, "host_total_ms": self.host_total_ms,
                 "unexplained_ms": self.wall_ms - self.null_wall_ms - self.host_total_ms}
 
 
 def clock_figure(batch, null, t: Timing) -> Figure:
     n = len(batch.host_ms)
-    own = batch.wall_ms - null.wall_ms  # what the calls cost, by the judge's clock
+    if getattr(batch, "cpu_clock", False):
+        if batch.cpu_ms is None or null.cpu_ms is None:
+            # The host's CPU times cannot be weighed: the judge's wall figure stands.
+            own = batch.wall_ms - null.wall_ms
+            why = (f"tasks started or ended during the batch, so the CPU time of the judge's processes could "
+                   f"not be read whole; the judge's wall clock figure {own / n:.6f} ms/call used")
+            return Figure(max(own, 0.0) / n, "judge", batch.wall_ms, null.wall_ms, math.fsum(batch.host_ms), why)
+        return _weighed(n, batch.cpu_ms, null.cpu_ms, batch, t, "cpu")
+    return _weighed(n, batch.wall_ms, null.wall_ms, batch, t, "wall")
+
+
+def _weighed(n: int, judged_ms: float, null_ms: float, batch, t: Timing, judge_clock: str) -> Figure:
+    own = judged_ms - null_ms  # what the calls cost, by the judge's clock
     host_total = math.fsum(batch.host_ms)
     allowed = host_total * (1 + t.clock_slack_rel) + t.clock_slack_ms
     timed = batch.host_ms[t.warmup:]
@@ -51,22 +70,29 @@ def clock_figure(batch, null, t: Timing) -> Figure:
         if mean > median * (1 + t.clock_slack_rel) + t.clock_slack_ms / n:
             why = (f"the host's calls are uneven: median {median:.6f} ms, mean over all {n} calls "
                    f"{mean:.6f} ms; the mean used")
-            return Figure(mean, "host_mean", batch.wall_ms, null.wall_ms, host_total, why)
-        return Figure(median, "host", batch.wall_ms, null.wall_ms, host_total)
+            return Figure(mean, "host_mean", judged_ms, null_ms, host_total, why, judge_clock)
+        return Figure(median, "host", judged_ms, null_ms, host_total, judge_clock=judge_clock)
     why = (f"the judge's clock saw {own:.3f} ms of calls, the host's times account for {host_total:.3f} ms "
            f"(allowed {allowed:.3f}); the judge's figure {own / n:.6f} ms/call used")
-    return Figure(max(own, 0.0) / n, "judge", batch.wall_ms, null.wall_ms, host_total, why)
+    return Figure(max(own, 0.0) / n, "judge", judged_ms, null_ms, host_total, why, judge_clock)
 
 
 def method_text(be: Backend, t: Timing) -> str:
     mib = t.flush_bytes / 2**20
     if be.device == "cuda":
         per_call = f"CUDA events around each call on the host's stream (refill, poison, flush {mib:.0f} MiB, start, call, end)"
+    elif cpuclock.available():
+        per_call = (f"CPU time per call (the host's process CPU clock, every thread; one BLAS thread), "
+                    f"{mib:.0f} MiB buffer written before each call")
     else:
-        per_call = f"perf_counter per call in the host, {mib:.0f} MiB buffer written before each call"
+        per_call = (f"perf_counter per call in the host (one BLAS thread; wall time: not in the server's "
+                    f"sandbox), {mib:.0f} MiB buffer written before each call")
+    cpu = be.device != "cuda" and cpuclock.available()
     return (f"{per_call}, fresh inputs every call, lent only inside its window, every call verified; {t.trials} trials x {t.calls} calls "
             f"(+{t.warmup} warm-up), baseline and kernel in separate processes, alternating by trial, "
-            f"fresh setup per trial; weighed against the judge's own clock; mean of trial medians")
+            f"fresh setup per trial; weighed against the judge's own clock"
+            + (" (the CPU clocks of every process it started)" if cpu else "")
+            + "; mean of trial medians")
 
 
 def summarise(trials: list[tuple[Figure, Figure]]) -> dict:
