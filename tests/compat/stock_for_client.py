@@ -86,9 +86,18 @@ class StockServer:
             raise RuntimeError(out.stderr)
         return out.stdout.strip()
 
+    workers = 2
+
+    def extra_args(self) -> list[str]:
+        """Flags a subclass adds to the stock server's command line."""
+        return []
+
+    def name(self) -> str:
+        return f"stock server {self.version}"
+
     def start(self, timeout: float = 60.0) -> "StockServer":
-        args = [sys.executable, "-P", "-m", "kcoral", "server", "--device", "cpu", "--num-workers", "2",
-                "--sandbox", "none", "--host", "127.0.0.1", "--port", str(self.port),
+        args = [sys.executable, "-P", "-m", "kcoral", "server", "--device", "cpu", "--num-workers", str(self.workers),
+                "--sandbox", "none", "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args(),
                 "--log-dir", str(self.workdir / "logs"), "--disk-cache-dir", str(self.workdir / "cache")]
         log = open(self.workdir / "server.log", "wb")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
@@ -97,7 +106,7 @@ class StockServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"stock server {self.version} exited:\n{self.log()}")
+                raise RuntimeError(f"{self.name()} exited:\n{self.log()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self
@@ -105,7 +114,7 @@ class StockServer:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"stock server {self.version} did not start in {timeout:.0f} s:\n{self.log()}")
+        raise RuntimeError(f"{self.name()} did not start in {timeout:.0f} s:\n{self.log()}")
 
     def log(self) -> str:
         try:

@@ -133,27 +133,17 @@ class StockNode(StockServer):
         self.env["PATH"] = os.pathsep.join([str(bindir), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         self.env["KCORAL_NODE_TOKEN"] = router.token
 
+    workers = 1
+
+    def extra_args(self) -> list[str]:
+        return ["--router", self.router.url, "--node-id", self.node_id]
+
+    def name(self) -> str:
+        return "stock node"
+
     def start(self, timeout: float = 90.0) -> "StockNode":
-        args = [sys.executable, "-P", "-m", "kcoral", "server", "--device", "cpu", "--num-workers", "1",
-                "--sandbox", "none", "--host", "127.0.0.1", "--port", str(self.port),
-                "--router", self.router.url, "--node-id", self.node_id,
-                "--log-dir", str(self.workdir / "logs"), "--disk-cache-dir", str(self.workdir / "cache")]
-        log = open(self.workdir / "server.log", "wb")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                     cwd=self.workdir, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"stock node exited:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"stock node did not start in {timeout:.0f} s:\n{self.log()}")
+        super().start(timeout)
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
