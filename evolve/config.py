@@ -33,7 +33,8 @@ class FamilyChoice(_Strict):
 
 
 class StrategyConfig(_Strict):
-    kind: Literal["evolution", "random", "exhaustive"] = "evolution"
+    # "auto": the model-based strategy (evolve/strategies/model.py), chosen by the replay benchmark.
+    kind: Literal["auto", "model", "evolution", "random", "exhaustive"] = "auto"
     population_size: int = Field(16, ge=1)     # how many of the best correct candidates breed
     tournament_size: int = Field(3, ge=1)
     mutation_rate: float = Field(0.3, ge=0, le=1)   # per extra parameter, after the one that always changes
@@ -42,6 +43,7 @@ class StrategyConfig(_Strict):
     islands: int = Field(1, ge=1)
     migration_rate: float = Field(0.1, ge=0, le=1)
     seed: int = 0
+    initial_points: int = Field(8, ge=0)       # model: random points before the surrogate decides
 
 
 class BudgetConfig(_Strict):
