@@ -638,6 +638,30 @@ class Population:
             speedups = [float(r.pop("bench_speedup")) for r in rows]
             return list(zip(with_parents(s, rows), speedups))
 
+    def failed_points(self, workload_id: int, kinds: Sequence[str]) -> list[tuple[int, str, dict[str, Any], str]]:
+        """Family candidates with a failed evaluation of one of `kinds`, as (id, family,
+        params, first such kind), in id order: what a search learns to avoid."""
+        C, E = CandidateModel, EvaluationModel
+        query = (
+            select(C.id, C.family, C.params, E.failure_kind)
+            .join(E, E.candidate_id == C.id)
+            .where(C.workload_id == workload_id, C.family.is_not(None), E.status == "failed",
+                   E.failure_kind.in_(tuple(kinds)))
+            .order_by(C.id, E.id)
+        )
+        out: dict[int, tuple[int, str, dict[str, Any], str]] = {}
+        with self.db.read() as s:
+            for cid, family, params, kind in s.execute(query):
+                out.setdefault(cid, (cid, family, dict(params or {}), kind))
+        return list(out.values())
+
+    def family_points(self, workload_id: int) -> list[tuple[str, dict[str, Any]]]:
+        """(family, params) of every family candidate of the workload, in id order."""
+        C = CandidateModel
+        query = select(C.family, C.params).where(C.workload_id == workload_id, C.family.is_not(None)).order_by(C.id)
+        with self.db.read() as s:
+            return [(family, dict(params or {})) for family, params in s.execute(query)]
+
     def bench_speedup(self, candidate_id: int) -> float | None:
         """The candidate's speedup as `correct` sees it: its latest finished bench, if that
         passed (one indexed lookup instead of scanning the whole population)."""

@@ -88,3 +88,17 @@ def immigrant(families: dict[str, Family], state: SearchState, rng: random.Rando
             return proposal
     assert proposal is not None
     return proposal
+
+
+def fresh_immigrant(families: dict[str, Family], state: SearchState, rng: random.Random) -> Proposal | None:
+    """A random admitted point not tried yet; when rejection sampling keeps hitting tried
+    points (the space is nearly used up), the first untried point in order; None when none
+    is left. No strategy proposes a point twice."""
+    proposal = immigrant(families, state, rng)
+    if proposal.key not in state.tried:
+        return proposal
+    for name, family in families.items():
+        for point in family.points():
+            if point_key(name, point) not in state.tried:
+                return Proposal(family=name, params=point, operator="immigrant")
+    return None

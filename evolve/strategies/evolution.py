@@ -11,7 +11,7 @@ import random
 
 from evolve.config import StrategyConfig
 from evolve.families import Family, Value
-from evolve.strategies.base import Parent, Proposal, SearchState, immigrant, untried_seed
+from evolve.strategies.base import Parent, Proposal, SearchState, fresh_immigrant, untried_seed
 
 _ATTEMPTS = 30
 
@@ -64,9 +64,8 @@ class EvolutionStrategy:
             return seed
         pool = self.breeding_pool(state)
         if not pool or rng.random() < self.config.immigrant_share:
-            return immigrant(self.families, state, rng)
+            return fresh_immigrant(self.families, state, rng)
         members = self._island(pool, state, rng)
-        fallback = None
         for _ in range(_ATTEMPTS):
             a = self._tournament(members, rng)
             family = self.families[a.family]  # type: ignore[index]
@@ -85,9 +84,8 @@ class EvolutionStrategy:
                 continue
             if proposal.key not in state.tried:
                 return proposal
-            fallback = fallback or proposal
-        # The neighbourhood of the pool is used up: explore elsewhere.
-        return immigrant(self.families, state, rng) if fallback is None or rng.random() < 0.5 else fallback
+        # The neighbourhood of the pool is used up: explore elsewhere (never a tried point).
+        return fresh_immigrant(self.families, state, rng)
 
 
 def _neighbour(values: list[Value], current: Value, rng: random.Random) -> Value:

@@ -26,7 +26,7 @@ import numpy as np
 
 from evolve.config import StrategyConfig
 from evolve.families import Family, Value, canonical_params
-from evolve.strategies.base import Proposal, SearchState, immigrant, point_key, untried_seed
+from evolve.strategies.base import Proposal, SearchState, fresh_immigrant, point_key, untried_seed
 from evolve.strategies.evolution import EvolutionStrategy
 from evolve.strategies.surrogate import Encoder, GaussianProcess, expected_improvement, failure_probability
 
@@ -48,12 +48,26 @@ class _Space:
             self.keys = [canonical_params(p) for p in self.points]
             self.x = self.encoder.encode(self.points)
             self.row = {k: i for i, k in enumerate(self.keys)}
+            self.open = np.ones(len(self.points), dtype=bool)   # not yet tried
+            self._marked: set = set()
 
-    def encode(self, points: list[dict[str, Value]]) -> np.ndarray:
+    def untried(self, name: str, tried: set) -> np.ndarray:
+        """Indices of the points not in `tried`, kept up to date incrementally (tried only
+        grows within a run; a smaller set, as from another state, starts over)."""
+        if not self._marked <= tried:
+            self.open[:] = True
+            self._marked = set()
+        for key in tried - self._marked:
+            if key[0] == name and key[1] in self.row:
+                self.open[self.row[key[1]]] = False
+        self._marked = set(tried)
+        return np.flatnonzero(self.open)
+
+    def encode(self, points: list[dict[str, Value]], keys: list[tuple] | None = None) -> np.ndarray:
         """Rows of the cached matrix where the space is enumerated (no Python loop per value)."""
         if self.x is None:
             return self.encoder.encode(points)
-        return self.x[[self.row[canonical_params(p)] for p in points]]
+        return self.x[[self.row[k] for k in (keys if keys is not None else map(canonical_params, points))]]
 
 
 class ModelStrategy:
@@ -96,16 +110,15 @@ class ModelStrategy:
         best_y = min(-math.log(p.speedup) for p in correct)
         scored: list[tuple[float, str, dict[str, Value]]] = []
         for name, family in self.families.items():
-            cands = self._candidates(name, state, tried, rng)
+            cands, x_cand = self._candidates(name, state, tried, rng)
             if not cands:
                 continue
             space = self._space(name)
             obs = [p for p in correct if p.family == name]
             fails = [f for f in failed if f.family == name]
-            x_cand = space.encode(cands)
             if len(obs) >= 2:
                 obs = self._cap(obs, rng)
-                x_obs = space.encode([p.params for p in obs])
+                x_obs = space.encode([p.params for p in obs], [self._key(p.id, name, p.params)[1] for p in obs])
                 y_obs = np.array([-math.log(p.speedup) for p in obs])
                 gp = GaussianProcess(x_obs, y_obs)
                 pending = [_params(k[1]) for k in state.tried - seen if k[0] == name]
@@ -113,7 +126,8 @@ class ModelStrategy:
                 if pending:
                     x_pend = space.encode(pending)
                     mu_pend, _ = gp.predict(x_pend)
-                    gp = GaussianProcess(np.vstack([x_obs, x_pend]), np.concatenate([y_obs, mu_pend]))
+                    gp = GaussianProcess(np.vstack([x_obs, x_pend]), np.concatenate([y_obs, mu_pend]),
+                                         lengths=(gp.length,))
                 mu, sigma = gp.predict(x_cand)
                 length = gp.length
             else:   # a family the model knows nothing of yet: the prior of all observations
@@ -125,7 +139,8 @@ class ModelStrategy:
             if fails:
                 # Only the leading candidates can win: the failure model discounts those.
                 top = np.argsort(-score, kind="stable")[:RERANK]
-                seen_x = space.encode([p.params for p in obs] + [f.params for f in fails])
+                seen_x = space.encode([p.params for p in obs] + [f.params for f in fails],
+                                      [self._key(p.id, name, p.params)[1] for p in obs + fails])
                 flags = np.array([0.0] * len(obs) + [1.0] * len(fails))
                 score = score[top] * (1.0 - failure_probability(x_cand[top], seen_x, flags, length))
                 i = int(top[int(np.argmax(score))])
@@ -139,29 +154,34 @@ class ModelStrategy:
         return Proposal(family=name, params=params, operator="model")
 
     # ---- candidates -----------------------------------------------------------------------
-    def _candidates(self, name: str, state: SearchState, tried: set, rng: random.Random) -> list[dict[str, Value]]:
+    def _candidates(self, name: str, state: SearchState, tried: set,
+                    rng: random.Random) -> tuple[list[dict[str, Value]], np.ndarray]:
+        """Untried admitted points to score, and their encodings."""
         space = self._space(name)
-        out: dict[tuple, dict[str, Value]] = {}
-        if space.points is not None:
-            untried = [i for i, k in enumerate(space.keys) if (name, k) not in tried]
-            if len(untried) > POOL:
-                untried = rng.sample(untried, POOL)
-            for i in untried:
-                out[space.keys[i]] = space.points[i]
-        else:
-            for _ in range(POOL):
-                p = space.family.sample(rng)
-                k = canonical_params(p)
-                if (name, k) not in tried:
-                    out[k] = p
         # Offspring of the best correct candidates: what evolution would try next.
         pool = sorted((p for p in state.correct if p.family == name and self._admitted(p)),
                       key=lambda p: (-p.speedup, p.id))[: self.config.population_size]
+        children = {}
         for params in self._offspring(space.family, pool, rng):
             k = canonical_params(params)
             if (name, k) not in tried and space.family.admits(params):
-                out[k] = params
-        return list(out.values())
+                children[k] = params
+        if space.points is not None:
+            untried = space.untried(name, tried).tolist()
+            if len(untried) > POOL:
+                untried = rng.sample(untried, POOL)
+            rows = set(untried) | {space.row[k] for k in children}
+            idx = sorted(rows)
+            return [space.points[i] for i in idx], space.x[idx]
+        out: dict[tuple, dict[str, Value]] = {}
+        for _ in range(POOL):
+            p = space.family.sample(rng)
+            k = canonical_params(p)
+            if (name, k) not in tried:
+                out[k] = p
+        out.update(children)
+        cands = list(out.values())
+        return cands, space.encoder.encode(cands)
 
     def _offspring(self, family: Family, pool: list, rng: random.Random) -> list[dict[str, Value]]:
         evo = self.evolution
@@ -188,15 +208,7 @@ class ModelStrategy:
     def _random(self, state: SearchState, tried: set, rng: random.Random) -> Proposal | None:
         view = SearchState.model_construct(correct=state.correct, failed=state.failed, tried=tried,
                                            proposal_index=state.proposal_index)
-        proposal = immigrant(self.families, view, rng)
-        if proposal.key in tried:
-            if self._exhausted(tried):
-                return None
-            for name in self.families:   # rejection sampling kept hitting tried points: walk the space
-                for point in self.families[name].points():
-                    if point_key(name, point) not in tried:
-                        return Proposal(family=name, params=point, operator="immigrant")
-        return proposal
+        return fresh_immigrant(self.families, view, rng)
 
     def _exhausted(self, tried: set) -> bool:
         for name in self.families:

@@ -62,30 +62,34 @@ def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
 
 
 class GaussianProcess:
-    def __init__(self, x: np.ndarray, y: np.ndarray):
+    def __init__(self, x: np.ndarray, y: np.ndarray, lengths: Sequence[float] | None = None):
+        """`lengths`: absolute length scales to choose from (default: the grid, scaled)."""
         self.x = x
         self.mean = float(y.mean())
         self.scale = float(y.std()) or 1.0
         z = (y - self.mean) / self.scale
         dims = math.sqrt(x.shape[1])
+        grid = lengths or [length * dims for length in LENGTH_SCALES]
         best = None
-        for length in LENGTH_SCALES:
-            k = matern52(x, x, length * dims) + NOISE * np.eye(len(x))
+        for length in grid:
+            k = matern52(x, x, length) + NOISE * np.eye(len(x))
             try:
                 chol = np.linalg.cholesky(k)
             except np.linalg.LinAlgError:
                 continue
-            alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, z))
-            evidence = -0.5 * float(z @ alpha) - float(np.log(np.diag(chol)).sum())
+            # NumPy has no triangular solve: the inverse factor turns every solve into a product.
+            inv = np.linalg.inv(chol)
+            w = inv @ z
+            evidence = -0.5 * float(w @ w) - float(np.log(np.diag(chol)).sum())
             if best is None or evidence > best[0]:
-                best = (evidence, length * dims, chol, alpha)
+                best = (evidence, length, inv, inv.T @ w)
         assert best is not None, "the kernel with the most noise is always positive definite"
-        _, self.length, self.chol, self.alpha = best
+        _, self.length, self.inv, self.alpha = best
 
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ks = matern52(x, self.x, self.length)
         mu = ks @ self.alpha
-        v = np.linalg.solve(self.chol, ks.T)
+        v = self.inv @ ks.T
         var = np.maximum(1.0 - (v * v).sum(0), 1e-12)
         return mu * self.scale + self.mean, np.sqrt(var) * self.scale
 
