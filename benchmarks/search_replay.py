@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         for fut in as_completed([pool.submit(_task, *t) for t in order]):
             results.append(fut.result())
             progress.advance(bar)
+            if not console.is_terminal and (len(results) % 10 == 0 or len(results) == len(tasks)):
+                # Not a terminal (a log file): a plain line now and then instead of the bar.
+                console.print(f"replay: {len(results)}/{len(tasks)} runs done, {time.monotonic() - started:.0f} s")
     wall = time.monotonic() - started
 
     report = {"settings": {"seeds": args.seeds, "budget": args.budget, "concurrency": args.concurrency,

@@ -26,7 +26,7 @@ import numpy as np
 
 from evolve.config import StrategyConfig
 from evolve.families import Family, Value, canonical_params
-from evolve.strategies.base import Proposal, SearchState, fresh_immigrant, point_key, untried_seed
+from evolve.strategies.base import Failed, Parent, Proposal, SearchState, fresh_immigrant, point_key, untried_seed
 from evolve.strategies.evolution import EvolutionStrategy
 from evolve.strategies.surrogate import Encoder, GaussianProcess, expected_improvement, failure_probability
 
@@ -80,7 +80,7 @@ class ModelStrategy:
         self._admits: dict[int, bool] = {}
         self._keys: dict[int, tuple] = {}
 
-    def _admitted(self, parent) -> bool:
+    def _admitted(self, parent: Parent | Failed) -> bool:
         if parent.id not in self._admits:
             self._admits[parent.id] = self.families[parent.family].admits(parent.params)
         return self._admits[parent.id]
@@ -115,7 +115,7 @@ class ModelStrategy:
                 continue
             space = self._space(name)
             obs = [p for p in correct if p.family == name]
-            fails = [f for f in failed if f.family == name]
+            fails = [f for f in failed if f.family == name and self._admitted(f)]   # inside today's space
             if len(obs) >= 2:
                 obs = self._cap(obs, rng)
                 x_obs = space.encode([p.params for p in obs], [self._key(p.id, name, p.params)[1] for p in obs])
