@@ -77,12 +77,13 @@ def server_concurrency(health: dict) -> int:
 def search_state(pop: Population, workload_id: int, tried: set, proposals: int) -> SearchState:
     """What a strategy sees, read from the population alone (so a resumed run sees what an
     uninterrupted one would): correct candidates fastest first, failed points, tried keys."""
-    correct = [Parent(id=c.id, family=c.family, params=c.params, speedup=s, generation=c.generation)
-               for c, s in pop.correct(workload_id)]
+    # model_construct: the rows come typed from our own database, and this runs per proposal.
+    correct = [Parent.model_construct(id=cid, family=family, params=params, speedup=speedup, generation=generation)
+               for cid, family, params, generation, speedup in pop.correct_points(workload_id)]
     ok = {p.id for p in correct}
-    failed = [Failed(id=cid, family=family, params=params, kind=kind)
+    failed = [Failed.model_construct(id=cid, family=family, params=params, kind=kind)
               for cid, family, params, kind in pop.failed_points(workload_id, INFEASIBLE_KINDS) if cid not in ok]
-    return SearchState(correct=correct, failed=failed, tried=tried, proposal_index=proposals)
+    return SearchState.model_construct(correct=correct, failed=failed, tried=tried, proposal_index=proposals)
 
 
 class Progress:

@@ -20,12 +20,17 @@ class EvolutionStrategy:
     def __init__(self, families: dict[str, Family], config: StrategyConfig):
         self.families = families
         self.config = config
+        self._admits: dict[int, bool] = {}   # candidate id -> in a configured space (ids and params never change)
+
+    def _admitted(self, p: Parent) -> bool:
+        if p.id not in self._admits:
+            self._admits[p.id] = p.family in self.families and self.families[p.family].admits(p.params)
+        return self._admits[p.id]
 
     # ---- selection ---------------------------------------------------------------------
     def breeding_pool(self, state: SearchState) -> list[Parent]:
         """The best `population_size` correct candidates that lie in a configured space."""
-        pool = [p for p in state.correct
-                if p.family in self.families and self.families[p.family].admits(p.params)]
+        pool = [p for p in state.correct if self._admitted(p)]
         pool.sort(key=lambda p: (-p.speedup, p.id))
         return pool[: self.config.population_size]
 
