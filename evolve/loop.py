@@ -37,6 +37,7 @@ from evolve.preflight import PreflightError, health_gpus, probe_ncu, problems, t
 from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
 from evolve.render import RenderError, render_candidate
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
+from evolve.strategies.base import INFEASIBLE_KINDS, Failed
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,18 @@ def server_concurrency(health: dict) -> int:
         on_gpu = [w for w in workers if isinstance(w, dict) and w.get("gpu_id") is not None]
         return max(1, len(on_gpu) or int(health["gpu_count"]))
     return max(1, len(workers))
+
+
+def search_state(pop: Population, workload_id: int, tried: set, proposals: int) -> SearchState:
+    """What a strategy sees, read from the population alone (so a resumed run sees what an
+    uninterrupted one would): correct candidates fastest first, failed points, tried keys."""
+    # model_construct: the rows come typed from our own database, and this runs per proposal.
+    correct = [Parent.model_construct(id=cid, family=family, params=params, speedup=speedup, generation=generation)
+               for cid, family, params, generation, speedup in pop.correct_points(workload_id)]
+    ok = {p.id for p in correct}
+    failed = [Failed.model_construct(id=cid, family=family, params=params, kind=kind)
+              for cid, family, params, kind in pop.failed_points(workload_id, INFEASIBLE_KINDS) if cid not in ok]
+    return SearchState.model_construct(correct=correct, failed=failed, tried=tried, proposal_index=proposals)
 
 
 class Progress:
@@ -263,9 +276,7 @@ class SearchLoop:
 
     # ---- the search state --------------------------------------------------------------
     def _state(self, workload_id: int, tried: set, proposals: int) -> SearchState:
-        correct = [Parent(id=c.id, family=c.family, params=c.params, speedup=s, generation=c.generation)
-                   for c, s in self.pop.correct(workload_id)]
-        return SearchState(correct=correct, tried=tried, proposal_index=proposals)
+        return search_state(self.pop, workload_id, tried, proposals)
 
     def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int, worker_id: int,
                   stage: str) -> tuple[Candidate, int | None] | None:
@@ -340,7 +351,9 @@ class SearchLoop:
         progress = Progress(self.stream, slots, self.progress_interval_s,
                             has_gpu=health_gpus(health) > 0, lease_clock=lease_clock)
 
-        tried: set = set()
+        # Every point the population already holds counts as tried: a resumed run (or a second
+        # run on the same database) does not spend a proposal on it again.
+        tried: set = {point_key(family, params) for family, params in self.pop.family_points(workload_id)}
         submitted: set[int] = set()
         proposals = 0
         started = time.monotonic()

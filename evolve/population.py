@@ -841,6 +841,52 @@ class Population:
             speedups = [float(r.pop("bench_speedup")) for r in rows]
             return list(zip(with_parents(s, rows), speedups))
 
+    def correct_points(self, workload_id: int) -> list[tuple[int, str | None, dict[str, Any], int, float]]:
+        """What `correct` says, as bare (id, family, params, generation, speedup) rows, fastest
+        first: the search reads this for every proposal, so no parents and no models."""
+        C, E = CandidateModel, EvaluationModel
+        latest = (
+            select(E.candidate_id, func.max(E.id).label("eid"))
+            .join(C, C.id == E.candidate_id)
+            .where(C.workload_id == workload_id, E.stage == "bench", E.status.in_(("passed", "failed")))
+            .group_by(E.candidate_id)
+            .subquery()
+        )
+        query = (
+            select(C.id, C.family, C.params, C.generation, E.speedup)
+            .join(latest, latest.c.candidate_id == C.id)
+            .join(E, E.id == latest.c.eid)
+            .where(E.status == "passed", E.speedup.is_not(None))
+            .order_by(E.speedup.desc(), C.id)
+        )
+        with self.db.read() as s:
+            return [(cid, family, dict(params or {}), generation or 0, float(speedup))
+                    for cid, family, params, generation, speedup in s.execute(query)]
+
+    def failed_points(self, workload_id: int, kinds: Sequence[str]) -> list[tuple[int, str, dict[str, Any], str]]:
+        """Family candidates with a failed evaluation of one of `kinds`, as (id, family,
+        params, first such kind), in id order: what a search learns to avoid."""
+        C, E = CandidateModel, EvaluationModel
+        query = (
+            select(C.id, C.family, C.params, E.failure_kind)
+            .join(E, E.candidate_id == C.id)
+            .where(C.workload_id == workload_id, C.family.is_not(None), E.status == "failed",
+                   E.failure_kind.in_(tuple(kinds)))
+            .order_by(C.id, E.id)
+        )
+        out: dict[int, tuple[int, str, dict[str, Any], str]] = {}
+        with self.db.read() as s:
+            for cid, family, params, kind in s.execute(query):
+                out.setdefault(cid, (cid, family, dict(params or {}), kind))
+        return list(out.values())
+
+    def family_points(self, workload_id: int) -> list[tuple[str, dict[str, Any]]]:
+        """(family, params) of every family candidate of the workload, in id order."""
+        C = CandidateModel
+        query = select(C.family, C.params).where(C.workload_id == workload_id, C.family.is_not(None)).order_by(C.id)
+        with self.db.read() as s:
+            return [(family, dict(params or {})) for family, params in s.execute(query)]
+
     def bench_speedup(self, candidate_id: int) -> float | None:
         """The candidate's speedup as `correct` sees it: its latest finished bench, if that
         passed (one indexed lookup instead of scanning the whole population)."""

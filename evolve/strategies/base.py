@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from evolve.families import Family, Value, canonical_params
 
-Operator = Literal["seed", "mutate", "crossover", "immigrant", "enumerate"]
+Operator = Literal["seed", "mutate", "crossover", "immigrant", "enumerate", "model"]
 
 
 class Parent(BaseModel):
@@ -23,6 +23,19 @@ class Parent(BaseModel):
     params: dict[str, Value]
     speedup: float
     generation: int = 0
+
+
+class Failed(BaseModel):
+    """A candidate of a family whose pipeline failed in a way the point itself causes
+    (`INFEASIBLE_KINDS`): a model learns to avoid its neighbourhood; it never breeds."""
+    id: int
+    family: str
+    params: dict[str, Value]
+    kind: str
+
+
+# Failure kinds that say something about the point (not about the server or the network).
+INFEASIBLE_KINDS = ("check", "compile", "import", "correctness", "holdout", "runtime", "timeout", "resources")
 
 
 class Proposal(BaseModel):
@@ -40,6 +53,7 @@ class Proposal(BaseModel):
 class SearchState(BaseModel):
     """The population as a strategy sees it."""
     correct: list[Parent] = Field(default_factory=list)
+    failed: list[Failed] = Field(default_factory=list)
     tried: set[tuple] = Field(default_factory=set)    # point_key of every point already proposed or present
     proposal_index: int = 0                           # proposals made so far by this run (islands rotate on it)
 
@@ -74,3 +88,17 @@ def immigrant(families: dict[str, Family], state: SearchState, rng: random.Rando
             return proposal
     assert proposal is not None
     return proposal
+
+
+def fresh_immigrant(families: dict[str, Family], state: SearchState, rng: random.Random) -> Proposal | None:
+    """A random admitted point not tried yet; when rejection sampling keeps hitting tried
+    points (the space is nearly used up), the first untried point in order; None when none
+    is left. No strategy proposes a point twice."""
+    proposal = immigrant(families, state, rng)
+    if proposal.key not in state.tried:
+        return proposal
+    for name, family in families.items():
+        for point in family.points():
+            if point_key(name, point) not in state.tried:
+                return Proposal(family=name, params=point, operator="immigrant")
+    return None

@@ -11,7 +11,7 @@ import random
 
 from evolve.config import StrategyConfig
 from evolve.families import Family, Value
-from evolve.strategies.base import Parent, Proposal, SearchState, immigrant, untried_seed
+from evolve.strategies.base import Parent, Proposal, SearchState, fresh_immigrant, untried_seed
 
 _ATTEMPTS = 30
 
@@ -20,12 +20,17 @@ class EvolutionStrategy:
     def __init__(self, families: dict[str, Family], config: StrategyConfig):
         self.families = families
         self.config = config
+        self._admits: dict[int, bool] = {}   # candidate id -> in a configured space (ids and params never change)
+
+    def _admitted(self, p: Parent) -> bool:
+        if p.id not in self._admits:
+            self._admits[p.id] = p.family in self.families and self.families[p.family].admits(p.params)
+        return self._admits[p.id]
 
     # ---- selection ---------------------------------------------------------------------
     def breeding_pool(self, state: SearchState) -> list[Parent]:
         """The best `population_size` correct candidates that lie in a configured space."""
-        pool = [p for p in state.correct
-                if p.family in self.families and self.families[p.family].admits(p.params)]
+        pool = [p for p in state.correct if self._admitted(p)]
         pool.sort(key=lambda p: (-p.speedup, p.id))
         return pool[: self.config.population_size]
 
@@ -64,9 +69,8 @@ class EvolutionStrategy:
             return seed
         pool = self.breeding_pool(state)
         if not pool or rng.random() < self.config.immigrant_share:
-            return immigrant(self.families, state, rng)
+            return fresh_immigrant(self.families, state, rng)
         members = self._island(pool, state, rng)
-        fallback = None
         for _ in range(_ATTEMPTS):
             a = self._tournament(members, rng)
             family = self.families[a.family]  # type: ignore[index]
@@ -85,9 +89,8 @@ class EvolutionStrategy:
                 continue
             if proposal.key not in state.tried:
                 return proposal
-            fallback = fallback or proposal
-        # The neighbourhood of the pool is used up: explore elsewhere.
-        return immigrant(self.families, state, rng) if fallback is None or rng.random() < 0.5 else fallback
+        # The neighbourhood of the pool is used up: explore elsewhere (never a tried point).
+        return fresh_immigrant(self.families, state, rng)
 
 
 def _neighbour(values: list[Value], current: Value, rng: random.Random) -> Value:

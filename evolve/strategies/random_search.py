@@ -1,10 +1,10 @@
-"""Random search: the seeds, then uniformly drawn admitted points."""
+"""Random search: the seeds, then uniformly drawn admitted points, none twice."""
 from __future__ import annotations
 
 import random
 
 from evolve.families import Family
-from evolve.strategies.base import Proposal, SearchState, immigrant, untried_seed
+from evolve.strategies.base import Proposal, SearchState, fresh_immigrant, untried_seed
 
 
 class RandomStrategy:
@@ -12,4 +12,4 @@ class RandomStrategy:
         self.families = families
 
     def propose(self, state: SearchState, rng: random.Random) -> Proposal | None:
-        return untried_seed(self.families, state) or immigrant(self.families, state, rng)
+        return untried_seed(self.families, state) or fresh_immigrant(self.families, state, rng)

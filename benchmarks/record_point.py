@@ -1,0 +1,95 @@
+"""Append measured points of our GPU families to the recorded-points file.
+
+    python benchmarks/record_point.py FAMILY '{"v_block": 128, ...}' --ms 1.2467 --commit 2ea21dd --source "..."
+    python benchmarks/record_point.py FAMILY '{...}' --failure compile --commit SHA
+    python benchmarks/record_point.py --from-db sqlite:///evolve.db --commit SHA [--workload NAME]
+
+`--from-db` appends every family candidate's latest official bench in that database (its
+time, or its failure kind). Prints what it appended; `--json` as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import date, datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pydantic import ValidationError  # noqa: E402
+
+from evolve.replay.recorded import RecordedPoint, append_points  # noqa: E402
+
+DEFAULT_FILE = REPO / "benchmarks" / "landscapes" / "h200-points.csv"
+
+
+def from_db(url: str, workload: str | None, commit: str, source: str) -> list[RecordedPoint]:
+    from evolve.population import Population
+    if "://" not in url:
+        url = f"sqlite:///{url}"
+    pop = Population.open(url)
+    try:
+        wid = pop.workload_id(workload) if workload else None
+        latest = {}
+        for ev in pop.evaluations_of(wid, stage="bench"):
+            if ev.status in ("passed", "failed"):
+                latest[ev.candidate_id] = ev
+        out = []
+        for cid, ev in sorted(latest.items()):
+            cand = pop.candidate(cid)
+            if cand is None or not cand.family:
+                continue
+            when = (ev.ended_at or ev.started_at or datetime.now(timezone.utc)).date()
+            out.append(RecordedPoint(family=cand.family, params=cand.params, date=when, commit=commit,
+                                     source=source or f"evolve database, candidate {cid}",
+                                     ms=ev.ms if ev.status == "passed" else None,
+                                     failure=None if ev.status == "passed" else (ev.failure_kind or "runtime")))
+        return out
+    finally:
+        pop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("family", nargs="?")
+    ap.add_argument("params", nargs="?", help="the point, as a JSON object")
+    ap.add_argument("--ms", type=float)
+    ap.add_argument("--failure", help="failure kind instead of a time (compile, runtime, correctness, ...)")
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--date", type=date.fromisoformat, default=datetime.now(timezone.utc).date())
+    ap.add_argument("--source", default="", help="where the figure comes from (a docs section, a command)")
+    ap.add_argument("--from-db", help="an evolve database (URL or SQLite path): append its benched points")
+    ap.add_argument("--workload", help="with --from-db: only this workload")
+    ap.add_argument("--file", type=Path, default=DEFAULT_FILE)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        if args.from_db:
+            if args.family or args.params:
+                ap.error("--from-db takes no FAMILY or PARAMS")
+            points = from_db(args.from_db, args.workload, args.commit, args.source)
+        else:
+            if not args.family or not args.params:
+                ap.error("give FAMILY and PARAMS, or --from-db")
+            params = json.loads(args.params)
+            if not isinstance(params, dict):
+                ap.error("PARAMS must be a JSON object")
+            points = [RecordedPoint(family=args.family, params=params, ms=args.ms, failure=args.failure,
+                                    date=args.date, commit=args.commit, source=args.source)]
+    except (ValueError, ValidationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    append_points(args.file, points)
+    if args.json:
+        print(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
+    else:
+        for p in points:
+            print(f"{args.file}: {p.family} {json.dumps(p.params, sort_keys=True)} "
+                  f"{f'{p.ms:.6g} ms' if p.ms is not None else p.failure}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Replaying search strategies on recorded landscapes (see docs/evolve.md, "Replay")."""

@@ -1,0 +1,222 @@
+"""Model-based search: a Gaussian-process surrogate of log time per family, proposals by
+expected improvement, discounted by the learned chance that a point fails.
+
+- The first proposals are the seeds (each family's defaults), then `initial_points`
+  random points; after that the model decides.
+- Candidates scored each time: every untried admitted point when the space is small
+  enough to enumerate, else a random sample; plus evolution's offspring of the best
+  correct candidates (mutations and crossovers), so the model also steers the local
+  search that works well on these spaces.
+- Points in flight (proposed, no result yet) enter the model at their predicted value
+  ("kriging believer"): the next proposal moves away from them, so concurrent slots get a
+  diverse batch rather than one point's neighbours.
+- Failed points (`SearchState.failed`) are never parents and never re-proposed; the
+  chance of failing near them discounts the expected improvement.
+
+Everything comes from the `SearchState` and the RNG, observations in candidate-id order,
+so a resumed run proposes what an uninterrupted one would. Caches (the encoded space)
+are pure functions of the families.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from evolve.config import StrategyConfig
+from evolve.families import Family, Value, canonical_params
+from evolve.strategies.base import Failed, Parent, Proposal, SearchState, fresh_immigrant, point_key, untried_seed
+from evolve.strategies.evolution import EvolutionStrategy
+from evolve.strategies.surrogate import Encoder, GaussianProcess, expected_improvement, failure_probability
+
+ENUMERATE_LIMIT = 50_000     # spaces up to this size (upper bound) are enumerated once
+POOL = 3000                  # random candidates scored per proposal
+OFFSPRING = 64               # evolution offspring added to them
+RERANK = 200                 # candidates by expected improvement that the failure model re-scores
+TRAIN_CAP = 300              # observations per fit: the best half, the rest drawn at random
+
+
+class _Space:
+    def __init__(self, family: Family):
+        self.family = family
+        self.encoder = Encoder(family)
+        self.points: list[dict[str, Value]] | None = None
+        self.x: np.ndarray | None = None
+        if family.size_upper_bound() <= ENUMERATE_LIMIT:
+            self.points = list(family.points())
+            self.keys = [canonical_params(p) for p in self.points]
+            self.x = self.encoder.encode(self.points)
+            self.row = {k: i for i, k in enumerate(self.keys)}
+            self.open = np.ones(len(self.points), dtype=bool)   # not yet tried
+            self._marked: set = set()
+
+    def untried(self, name: str, tried: set) -> np.ndarray:
+        """Indices of the points not in `tried`, kept up to date incrementally (tried only
+        grows within a run; a smaller set, as from another state, starts over)."""
+        if not self._marked <= tried:
+            self.open[:] = True
+            self._marked = set()
+        for key in tried - self._marked:
+            if key[0] == name and key[1] in self.row:
+                self.open[self.row[key[1]]] = False
+        self._marked = set(tried)
+        return np.flatnonzero(self.open)
+
+    def encode(self, points: list[dict[str, Value]], keys: list[tuple] | None = None) -> np.ndarray:
+        """Rows of the cached matrix where the space is enumerated (no Python loop per value)."""
+        if self.x is None:
+            return self.encoder.encode(points)
+        return self.x[[self.row[k] for k in (keys if keys is not None else map(canonical_params, points))]]
+
+
+class ModelStrategy:
+    def __init__(self, families: dict[str, Family], config: StrategyConfig):
+        self.families = families
+        self.config = config
+        self.evolution = EvolutionStrategy(families, config)
+        self._spaces: dict[str, _Space] = {}
+        # Candidate ids are never reused and their params never change: per-id caches.
+        self._admits: dict[int, bool] = {}
+        self._keys: dict[int, tuple] = {}
+
+    def _admitted(self, parent: Parent | Failed) -> bool:
+        if parent.id not in self._admits:
+            self._admits[parent.id] = self.families[parent.family].admits(parent.params)
+        return self._admits[parent.id]
+
+    def _key(self, cid: int, family: str, params: dict) -> tuple:
+        if cid not in self._keys:
+            self._keys[cid] = point_key(family, params)
+        return self._keys[cid]
+
+    def _space(self, name: str) -> _Space:
+        if name not in self._spaces:
+            self._spaces[name] = _Space(self.families[name])
+        return self._spaces[name]
+
+    def propose(self, state: SearchState, rng: random.Random) -> Proposal | None:
+        seed = untried_seed(self.families, state)
+        if seed is not None:
+            return seed
+        correct = sorted((p for p in state.correct if p.family in self.families and p.speedup > 0
+                          and self._admitted(p)), key=lambda p: p.id)
+        failed = sorted((f for f in state.failed if f.family in self.families), key=lambda f: f.id)
+        seen = {self._key(p.id, p.family or "", p.params) for p in correct} | \
+            {self._key(f.id, f.family, f.params) for f in failed}
+        tried = state.tried | seen
+        if len(correct) < max(2, self.config.initial_points):
+            return self._random(state, tried, rng)
+        best_y = min(-math.log(p.speedup) for p in correct)
+        scored: list[tuple[float, str, dict[str, Value]]] = []
+        for name, family in self.families.items():
+            cands, x_cand = self._candidates(name, state, tried, rng)
+            if not cands:
+                continue
+            space = self._space(name)
+            obs = [p for p in correct if p.family == name]
+            fails = [f for f in failed if f.family == name and self._admitted(f)]   # inside today's space
+            if len(obs) >= 2:
+                obs = self._cap(obs, rng)
+                x_obs = space.encode([p.params for p in obs], [self._key(p.id, name, p.params)[1] for p in obs])
+                y_obs = np.array([-math.log(p.speedup) for p in obs])
+                gp = GaussianProcess(x_obs, y_obs)
+                pending = [_params(k[1]) for k in state.tried - seen if k[0] == name]
+                pending = [p for p in pending if space.family.admits(p)]
+                if pending:
+                    x_pend = space.encode(pending)
+                    mu_pend, _ = gp.predict(x_pend)
+                    gp = GaussianProcess(np.vstack([x_obs, x_pend]), np.concatenate([y_obs, mu_pend]),
+                                         lengths=(gp.length,))
+                mu, sigma = gp.predict(x_cand)
+                length = gp.length
+            else:   # a family the model knows nothing of yet: the prior of all observations
+                ys = np.array([-math.log(p.speedup) for p in correct])
+                mu = np.full(len(cands), ys.mean())
+                sigma = np.full(len(cands), ys.std() or 1.0)
+                length = math.sqrt(space.encoder.width) * 0.3
+            score = expected_improvement(mu, sigma, best_y)
+            if fails:
+                # Only the leading candidates can win: the failure model discounts those.
+                top = np.argsort(-score, kind="stable")[:RERANK]
+                seen_x = space.encode([p.params for p in obs] + [f.params for f in fails],
+                                      [self._key(p.id, name, p.params)[1] for p in obs + fails])
+                flags = np.array([0.0] * len(obs) + [1.0] * len(fails))
+                score = score[top] * (1.0 - failure_probability(x_cand[top], seen_x, flags, length))
+                i = int(top[int(np.argmax(score))])
+                scored.append((float(score.max()), name, cands[i]))
+            else:
+                i = int(np.argmax(score))
+                scored.append((float(score[i]), name, cands[i]))
+        if not scored:
+            return None if self._exhausted(tried) else self._random(state, tried, rng)
+        _, name, params = max(scored, key=lambda s: s[0])
+        return Proposal(family=name, params=params, operator="model")
+
+    # ---- candidates -----------------------------------------------------------------------
+    def _candidates(self, name: str, state: SearchState, tried: set,
+                    rng: random.Random) -> tuple[list[dict[str, Value]], np.ndarray]:
+        """Untried admitted points to score, and their encodings."""
+        space = self._space(name)
+        # Offspring of the best correct candidates: what evolution would try next.
+        pool = sorted((p for p in state.correct if p.family == name and self._admitted(p)),
+                      key=lambda p: (-p.speedup, p.id))[: self.config.population_size]
+        children = {}
+        for params in self._offspring(space.family, pool, rng):
+            k = canonical_params(params)
+            if (name, k) not in tried and space.family.admits(params):
+                children[k] = params
+        if space.points is not None:
+            untried = space.untried(name, tried).tolist()
+            if len(untried) > POOL:
+                untried = rng.sample(untried, POOL)
+            rows = set(untried) | {space.row[k] for k in children}
+            idx = sorted(rows)
+            return [space.points[i] for i in idx], space.x[idx]
+        out: dict[tuple, dict[str, Value]] = {}
+        for _ in range(POOL):
+            p = space.family.sample(rng)
+            k = canonical_params(p)
+            if (name, k) not in tried:
+                out[k] = p
+        out.update(children)
+        cands = list(out.values())
+        return cands, space.encoder.encode(cands)
+
+    def _offspring(self, family: Family, pool: list, rng: random.Random) -> list[dict[str, Value]]:
+        evo = self.evolution
+        out = []
+        for _ in range(OFFSPRING if pool else 0):
+            a = evo._tournament(pool, rng)
+            mates = [p for p in pool if p.id != a.id]
+            if mates and rng.random() < self.config.crossover_rate:
+                b = evo._tournament(mates, rng)
+                out.append(evo._mutate(family, evo._crossover(a.params, b.params, rng), rng))
+            else:
+                out.append(evo._mutate(family, a.params, rng))
+        return out
+
+    @staticmethod
+    def _cap(obs: list, rng: random.Random) -> list:
+        if len(obs) <= TRAIN_CAP:
+            return obs
+        ranked = sorted(obs, key=lambda p: (-p.speedup, p.id))
+        keep = ranked[: TRAIN_CAP // 2]
+        rest = ranked[TRAIN_CAP // 2:]
+        return sorted(keep + rng.sample(rest, TRAIN_CAP - len(keep)), key=lambda p: p.id)
+
+    def _random(self, state: SearchState, tried: set, rng: random.Random) -> Proposal | None:
+        view = SearchState.model_construct(correct=state.correct, failed=state.failed, tried=tried,
+                                           proposal_index=state.proposal_index)
+        return fresh_immigrant(self.families, view, rng)
+
+    def _exhausted(self, tried: set) -> bool:
+        for name in self.families:
+            space = self._space(name)
+            if space.points is None or any((name, k) not in tried for k in space.keys):
+                return False
+        return True
+
+
+def _params(key: tuple) -> dict[str, Value]:
+    return {name: value for name, (_type, value) in key}

@@ -1,0 +1,121 @@
+"""A small Gaussian-process surrogate in NumPy: points encoded as vectors, a Matérn-5/2
+kernel whose length scale is chosen by marginal likelihood from a short grid, expected
+improvement, and a kernel-smoothed estimate of how likely a point is to fail.
+
+Small on purpose: a few hundred observations per fit, so a proposal stays within
+milliseconds however large the population grows (the training set is capped).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from evolve.families import Family, Value
+
+LENGTH_SCALES = (0.08, 0.15, 0.3, 0.6, 1.2)   # in units of sqrt(dimensions)
+NOISE = 1e-3                                   # of the standardised variance: timings are nearly exact
+FAIL_PRIOR = 0.5                               # pseudo-count pulling the failure estimate towards 0
+
+
+def _numeric(values: Sequence[Value]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+class Encoder:
+    """Numeric parameters by rank in [0, 1] (powers of two become evenly spaced); others
+    one-hot, scaled so two different values are at distance 1."""
+
+    def __init__(self, family: Family):
+        self.columns: list[tuple[str, dict]] = []
+        width = 0
+        for name, values in family.parameters.items():
+            if len(values) < 2:
+                continue
+            if _numeric(values):
+                ordered = sorted(values)
+                self.columns.append((name, {_k(v): (width, i / (len(ordered) - 1)) for i, v in enumerate(ordered)}))
+                width += 1
+            else:
+                self.columns.append((name, {_k(v): (width + i, math.sqrt(0.5)) for i, v in enumerate(values)}))
+                width += len(values)
+        self.width = max(width, 1)
+
+    def encode(self, points: Sequence[dict[str, Value]]) -> np.ndarray:
+        x = np.zeros((len(points), self.width))
+        for row, point in enumerate(points):
+            for name, table in self.columns:
+                col, value = table[_k(point[name])]
+                x[row, col] = value
+        return x
+
+
+def _k(v: Value) -> tuple:
+    return (type(v).__name__, v)
+
+
+def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
+    d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
+    r = np.sqrt(np.maximum(d2, 0.0)) * (math.sqrt(5.0) / length)
+    return (1.0 + r + r * r / 3.0) * np.exp(-r)
+
+
+class GaussianProcess:
+    def __init__(self, x: np.ndarray, y: np.ndarray, lengths: Sequence[float] | None = None):
+        """`lengths`: absolute length scales to choose from (default: the grid, scaled)."""
+        self.x = x
+        self.mean = float(y.mean())
+        self.scale = float(y.std()) or 1.0
+        z = (y - self.mean) / self.scale
+        dims = math.sqrt(x.shape[1])
+        grid = lengths or [length * dims for length in LENGTH_SCALES]
+        best = None
+        for length in grid:
+            k = matern52(x, x, length) + NOISE * np.eye(len(x))
+            try:
+                chol = np.linalg.cholesky(k)
+            except np.linalg.LinAlgError:
+                continue
+            # NumPy has no triangular solve: the inverse factor turns every solve into a product.
+            inv = np.linalg.inv(chol)
+            w = inv @ z
+            evidence = -0.5 * float(w @ w) - float(np.log(np.diag(chol)).sum())
+            if best is None or evidence > best[0]:
+                best = (evidence, length, inv, inv.T @ w)
+        assert best is not None, "the kernel with the most noise is always positive definite"
+        _, self.length, self.inv, self.alpha = best
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ks = matern52(x, self.x, self.length)
+        mu = ks @ self.alpha
+        v = self.inv @ ks.T
+        var = np.maximum(1.0 - (v * v).sum(0), 1e-12)
+        return mu * self.scale + self.mean, np.sqrt(var) * self.scale
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # Abramowitz & Stegun 7.1.26 (error below 1.5e-7): NumPy has no erf, SciPy is not a dependency.
+    sign = np.sign(x)
+    x = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return sign * (1.0 - poly * np.exp(-x * x))
+
+
+def expected_improvement(mu: np.ndarray, sigma: np.ndarray, best: float, xi: float = 0.0) -> np.ndarray:
+    """For minimisation: E[max(best - xi - f, 0)] under f ~ N(mu, sigma)."""
+    gain = best - xi - mu
+    z = gain / sigma
+    cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return gain * cdf + sigma * pdf
+
+
+def failure_probability(x: np.ndarray, seen: np.ndarray, failed: np.ndarray, length: float) -> np.ndarray:
+    """Kernel-weighted share of failures among observed neighbours, shrunk towards zero
+    where few are near (an unexplored region is not presumed broken)."""
+    if not len(seen) or not failed.any():
+        return np.zeros(len(x))
+    w = matern52(x, seen, length)
+    return (w @ failed) / (w.sum(1) + FAIL_PRIOR)
