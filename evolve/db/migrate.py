@@ -84,17 +84,19 @@ def ensure_schema(db: Database) -> None:
     head = head_revision()
     with db.engine.connect() as conn:
         current = current_revision(conn)
-        empty = current is None and _is_empty(conn)
         conn.rollback()
     if current == head:
         return
-    if empty:
+    if current is None:
         with db.write_connection() as conn:
             db.serialize(conn, SCHEMA_LOCK)
-            # Re-checked under the lock: another process may have migrated meanwhile.
-            if current_revision(conn) is None and _is_empty(conn):
-                _upgrade_on(conn, "head")
+            # Re-checked under the lock: another process may have migrated meanwhile, and the
+            # two unlocked reads above may straddle its commit (no revision yet, then its
+            # tables), which made a fresh database look foreign.
             current = current_revision(conn)
+            if current is None and _is_empty(conn):
+                _upgrade_on(conn, "head")
+                current = current_revision(conn)
         if current == head:
             return
     if current is None:
