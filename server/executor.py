@@ -152,8 +152,9 @@ def receive_blob_fds(sock: socket.socket, digests: list[str], verify: bool) -> d
 
 class Executor:
     def __init__(self, chan: SyncChannel, backend: str, fd_sock: socket.socket | None = None,
-                 verify_blobs: bool = False) -> None:
+                 verify_blobs: bool = False, before_program: Callable[[], Any] | None = None) -> None:
         self.chan = chan
+        self.before_program = before_program  # run before a program's first instruction (worker.py)
         self.fd_sock = fd_sock
         self.verify_blobs = verify_blobs
         self.backend = backend  # "cpu" | "virtual" | "gpu"
@@ -218,6 +219,8 @@ class Executor:
     def _run(self, job: dict[str, Any], blobs: dict[str, BlobRef]) -> tuple[str, dict[str, Any] | None]:
         registers: dict[str, Any] = {}
         sink = PartSink()
+        if job["instructions"] and self.before_program is not None:
+            self.before_program()
         for index, ins in enumerate(job["instructions"]):
             self.chan.send({"t": "step", "i": index})
             try:

@@ -307,3 +307,40 @@ def test_cpu_hosts_run_one_blas_thread_and_their_flush_buffer_is_written_before_
     assert state[1] == 1.0, host.log_tail(2000)                     # OPENBLAS_NUM_THREADS=1
     flush_kib = spec.timing.flush_bytes // 1024
     assert state[0] < flush_kib / 4, (state[0], flush_kib)          # the flush buffer was already resident
+
+
+# ---- GPU: per-call weighing by medians (each call's window less the no-op's) ----------
+def _calls(host_ms, windows_ms):
+    return Batch(snapshots=[], host_ms=host_ms, wall_ms=sum(windows_ms), windows_ms=windows_ms)
+
+
+NULL_6MS = _calls([0.0] * 5, [6.0, 6.1, 5.9, 6.0, 6.05])  # the protocol's own cost, about 6 ms a call
+
+
+def test_a_few_slow_windows_do_not_refuse_honest_host_times():
+    # The warm-up call paid a fresh host's first-call costs (40 ms) and one timed call met a
+    # 9 ms hiccup: 49 ms beyond the no-op batch against 4.4 ms of host time. A sum over the
+    # batch refuses the host's times; the medians of the timed calls accept them.
+    host = [1.1, 1.1, 1.12, 1.1, 1.11]
+    windows = [6.0 + 1.1 + 40.0, 6.0 + 1.1 + 9.0, 6.05 + 1.12, 5.95 + 1.1, 6.0 + 1.11]
+    f = clock_figure(_calls(host, windows), NULL_6MS, TIMING)
+    assert f.clock == "host" and f.ms == pytest.approx(1.105)
+    assert f.per_call["unexplained_ms"] <= f.per_call["allowed_ms"]
+
+
+def test_a_host_that_understates_most_calls_gets_the_judges_median():
+    # The calls took 1.1 ms of GPU time each; the host reports 0.05 ms for three of the four
+    # timed ones (enough to move its median) and 1.1 for the other.
+    host = [1.1, 0.05, 0.05, 1.1, 0.05]
+    windows = [6.0 + 1.1, 6.0 + 1.1, 6.02 + 1.1, 5.98 + 1.1, 6.0 + 1.1]
+    f = clock_figure(_calls(host, windows), NULL_6MS, TIMING)
+    assert f.clock == "judge" and f.ms == pytest.approx(1.1, abs=0.05)
+    assert "unexplained" in f.why and f.as_dict()["per_call"]["host_ms"] == [0.05, 0.05, 1.1, 0.05]
+
+
+def test_understating_fewer_than_half_of_the_calls_does_not_move_the_figure():
+    # The host's median is of honest calls; the understated one cannot lower it.
+    host = [1.1, 1.1, 0.05, 1.1, 1.1]
+    windows = [6.0 + 1.1] * 5
+    f = clock_figure(_calls(host, windows), NULL_6MS, TIMING)
+    assert f.clock == "host" and f.ms == pytest.approx(1.1)

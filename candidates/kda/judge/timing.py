@@ -9,7 +9,16 @@ which the candidate controls; the judge keeps its own clock around each call (fr
 writing its inputs to the snapshot of its outputs), sums it over the batch, and runs the
 same batch with a no-op candidate in a trusted host. What the judge saw beyond the no-op batch is the work of the
 calls: the host's times stand only if they account for it within the slack; otherwise the
-judge's own figure (that time over the number of calls) is used, and the report says so.
+judge's own figure is used, and the report says so.
+
+On a GPU the weighing is per call, over the timed calls, by medians: the judge's window of
+a call less the median window of the no-op batch (the protocol's own cost: copies of 0.8 GB
+of inputs, about 6 ms a call on the H200) is what the call cost. Sums over a batch let the
+protocol's noise (a few ms a batch, and a fresh host's first-call costs in its warm-up
+calls) outweigh a 1 ms kernel; a median is not moved by a few slow calls, and a host that
+understates more than half of its calls, the only way to move the median it is scored by,
+shows on the median of its windows. Each call's inputs are lent only inside its own window,
+so no call can do another's work.
 
 On the CPU both clocks are CPU time instead (cpuclock.py): the host's process CPU time per
 call, the judge's reading of every process it started. Wall time on a shared machine is
@@ -36,11 +45,15 @@ class Figure:
     host_total_ms: float
     why: str = ""
     judge_clock: str = "wall"  # "wall" | "cpu"
+    per_call: dict | None = None  # GPU: the timed calls' windows, the no-op's, the host's times
 
     def as_dict(self) -> dict:
-        return {"ms": self.ms, "clock": self.clock, "judge_clock": self.judge_clock, "wall_ms": self.wall_ms,
-                "null_wall_ms": self.null_wall_ms, "host_total_ms": self.host_total_ms,
-                "unexplained_ms": self.wall_ms - self.null_wall_ms - self.host_total_ms}
+        out = {"ms": self.ms, "clock": self.clock, "judge_clock": self.judge_clock, "wall_ms": self.wall_ms,
+               "null_wall_ms": self.null_wall_ms, "host_total_ms": self.host_total_ms,
+               "unexplained_ms": self.wall_ms - self.null_wall_ms - self.host_total_ms}
+        if self.per_call is not None:
+            out["per_call"] = self.per_call
+        return out
 
 
 def clock_figure(batch, null, t: Timing) -> Figure:
@@ -53,7 +66,34 @@ def clock_figure(batch, null, t: Timing) -> Figure:
                    f"not be read whole; the judge's wall clock figure {own / n:.6f} ms/call used")
             return Figure(max(own, 0.0) / n, "judge", batch.wall_ms, null.wall_ms, math.fsum(batch.host_ms), why)
         return _weighed(n, batch.cpu_ms, null.cpu_ms, batch, t, "cpu")
+    if batch.windows_ms[t.warmup:] and null.windows_ms[t.warmup:]:
+        return _weighed_per_call(batch, null, t)
     return _weighed(n, batch.wall_ms, null.wall_ms, batch, t, "wall")
+
+
+def _weighed_per_call(batch, null, t: Timing) -> Figure:
+    w = t.warmup
+    windows, null_windows, host = batch.windows_ms[w:], null.windows_ms[w:], batch.host_ms[w:]
+    protocol = statistics.median(null_windows)
+    own = statistics.median(windows) - protocol  # the judge's figure for a call
+    detail = {"windows_ms": [round(x, 4) for x in windows], "null_windows_ms": [round(x, 4) for x in null_windows],
+              "host_ms": [round(x, 4) if math.isfinite(x) else None for x in host]}
+    fig = dict(wall_ms=batch.wall_ms, null_wall_ms=null.wall_ms, host_total_ms=math.fsum(batch.host_ms),
+               judge_clock="wall", per_call=detail)
+    if all(math.isfinite(x) for x in host):
+        median = statistics.median(host)
+        # What the judge saw of each call beyond the protocol and the host's own time.
+        unexplained = statistics.median(wi - hi for wi, hi in zip(windows, host)) - protocol
+        allowed = median * t.clock_slack_rel + t.clock_slack_call_ms
+        detail.update(unexplained_ms=round(unexplained, 4), allowed_ms=round(allowed, 4))
+        if unexplained <= allowed:
+            return Figure(median, "host", why="", **fig)
+        why = (f"the judge's clock saw {own:.4f} ms a call (median window less the no-op's), the host's median "
+               f"is {median:.4f} ms, {unexplained:.4f} ms a call unexplained (allowed {allowed:.4f}); "
+               f"the judge's figure {own:.6f} ms/call used")
+    else:
+        why = f"the host's times are unusable; the judge's figure {own:.6f} ms/call used"
+    return Figure(max(own, 0.0), "judge", why=why, **fig)
 
 
 def _weighed(n: int, judged_ms: float, null_ms: float, batch, t: Timing, judge_clock: str) -> Figure:
