@@ -8,6 +8,7 @@ an interpreter (patched modules, threads, handlers) reaches another request.
 """
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import os
 import socket
@@ -16,14 +17,26 @@ import threading
 from typing import Callable
 
 
+def _cuda_ok(step: str, code: int) -> None:
+    if code != 0:
+        raise RuntimeError(f"{step} returned CUDA error {code}")
+
+
 def _init_gpu(done: threading.Event) -> None:
     """Create the CUDA context, so CUDA_VISIBLE_DEVICES (set by the server) is final: a
     program that edits the variable later cannot reach another GPU from this process."""
     try:
+        # The costly part, the primary context, through ctypes: a foreign call releases the
+        # GIL, so the worker's main thread answers meanwhile (CuPy's calls hold it).
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        _cuda_ok("cuInit", cuda.cuInit(0))
+        _cuda_ok("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(dev), 0))
+        _cuda_ok("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
         import cupy
 
         cupy.cuda.runtime.getDeviceCount()
-        cupy.cuda.Device(0).use()
+        cupy.cuda.Device(0).use()  # the runtime adopts the primary context made above
     except Exception as exc:  # noqa: BLE001 - builtins then answer `unavailable`
         print(f"kcoral worker: CUDA init failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     finally:

@@ -344,3 +344,21 @@ def test_understating_fewer_than_half_of_the_calls_does_not_move_the_figure():
     windows = [6.0 + 1.1] * 5
     f = clock_figure(_calls(host, windows), NULL_6MS, TIMING)
     assert f.clock == "host" and f.ms == pytest.approx(1.1)
+
+
+def test_the_trusted_baselines_extra_per_call_calibrates_the_candidates_weighing():
+    # On the H200 a call doing real GPU work cost the protocol 0.1-0.5 ms more than a no-op
+    # call, for fla in the judge's own host as for an honest candidate. The trusted
+    # baseline keeps its times and its extra widens the candidate's allowance by as much.
+    base = clock_figure(_calls([2.63] * 5, [6.0 + 2.63 + 0.4] * 5), NULL_6MS, TIMING, trusted=True)
+    assert base.clock == "host" and base.ms == pytest.approx(2.63)
+    cal = base.per_call["unexplained_ms"]
+    assert cal == pytest.approx(0.375, abs=0.01)
+    honest = _calls([1.1] * 5, [6.0 + 1.1 + 0.42] * 5)
+    assert clock_figure(honest, NULL_6MS, TIMING).clock == "judge"   # uncalibrated: refused
+    f = clock_figure(honest, NULL_6MS, TIMING, calibration_ms=cal)
+    assert f.clock == "host" and f.ms == pytest.approx(1.1)
+    # The calibration does not cover a host that understates: 1.1 ms of work reported as 0.3.
+    lying = _calls([0.3] * 5, [6.0 + 1.1 + 0.4] * 5)
+    f = clock_figure(lying, NULL_6MS, TIMING, calibration_ms=cal)
+    assert f.clock == "judge" and f.ms == pytest.approx(1.1, abs=0.05)  # less the calibration

@@ -319,8 +319,11 @@ class Judge:
                 null_batch = null.batch([lambda: one] * n, t.flush_bytes)
                 c_batch, c_checks = self._untrusted_trial("candidate", makers_c)
                 self.scored.calls.extend(c_checks)
-                fb = clock_figure(b_batch, null_batch, t)
-                fc = clock_figure(c_batch, null_batch, t)
+                # The baseline in the judge's own host is trusted and calibrates the weighing
+                # of the candidate; an incumbent (against) is weighed like the candidate.
+                fb = clock_figure(b_batch, null_batch, t, trusted=not against)
+                cal = (fb.per_call or {}).get("unexplained_ms", 0.0) if not against else 0.0
+                fc = clock_figure(c_batch, null_batch, t, calibration_ms=cal)
                 trials.append((fb, fc))
                 for who, f in (("baseline", fb), ("kernel", fc)):
                     if f.why:  # the judge's clock, or the mean of uneven calls
