@@ -31,6 +31,8 @@ POINTS = [
     ({"state_step": "wgmma", "stages": 1, "prep_smem": "lean"}, 232),
     ({"state_step": "wgmma", "v_block": 64, "state_warps": 4}, 232),
     ({"state_step": "wgmma", "stages": 3, "out_store": "inline"}, 232),   # three slots fit only here
+    ({"prep_schedule": "persistent"}, 232),   # the prep looping over chunks, two CTAs per SM
+    ({**WL, "prep_schedule": "persistent"}, 255),
 ]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
@@ -41,7 +43,7 @@ def test_family_loads_and_defaults_are_admitted():
     fam = load_family(TEMPLATES / "two_pass")
     assert fam.check(fam.defaults) == []
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
-                                 "uo_blocks", "out_store"}
+                                 "uo_blocks", "out_store", "prep_schedule"}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -50,6 +52,7 @@ def test_family_loads_and_defaults_are_admitted():
     ({"state_step": "warp_local"}, "227 KiB"),   # three padded slots of the warp-local step do not fit
     ({"state_step": "warp_local", "v_block": 32, "state_warps": 8}, "16 value rows"),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 8}, "16 value rows"),
+    ({"prep_smem": "lean", "prep_schedule": "persistent"}, "persistent schedule"),
 ])
 def test_constraints_reject(overrides, message):
     from evolve.families import load_family

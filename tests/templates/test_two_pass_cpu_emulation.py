@@ -154,9 +154,9 @@ int main(int argc, char** argv) {
     std::mt19937 rng(seed);
     g_body = [&] {
         prep_k::kda_prep_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), T, H,
-                                qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data());
+                                qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data() PREP_EXTRA_ARGS);
     };
-    int rc = run_grid({(unsigned)NC, (unsigned)H, (unsigned)B}, 256, prep_k::prep_smem, sizeof prep_k::prep_smem, rng);
+    int rc = run_grid(PREP_GRID, 256, prep_k::prep_smem, sizeof prep_k::prep_smem, rng);
     if (rc) return rc;
     const float scale = 1.f / std::sqrt((float)KD);
     g_body = [&] {
@@ -207,7 +207,12 @@ def build(cand: Path, work: Path) -> Path:
         shutil.copy(cand / src, work / src)
     (work / "kda_tiles.cuh").write_text(tiles)
     shutil.copy(cand / "iket.cuh", work / "iket.cuh")
-    (work / "harness.cpp").write_text(HARNESS)
+    # The persistent prep takes NC and B and runs on a few CTAs that loop over the chunks
+    # (three here: each takes several chunks, so both tile pairs and the hand-over are used).
+    persistent = "int NC, int B)" in (cand / "kda_prep.cu").read_text()
+    launch = ("#define PREP_EXTRA_ARGS , NC, B\n#define PREP_GRID {3u, 1u, 1u}\n" if persistent else
+              "#define PREP_EXTRA_ARGS\n#define PREP_GRID {(unsigned)NC, (unsigned)H, (unsigned)B}\n")
+    (work / "harness.cpp").write_text(launch + HARNESS)
     exe = work / "kda_two_pass_cpu"
     res = subprocess.run([GXX, "-std=c++17", "-O1", "-fno-strict-aliasing", "-w", "-o", str(exe),
                           str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
@@ -262,10 +267,11 @@ POINTS = [
     ({"stages": 2, "out_store": "inline"}, ALL_T + [(2, 33, 1, "switch")]),
     ({}, [(1, 200, 1, "saturated"), (1, 65, 2, "scored"), (2, 33, 1, "switch")]),   # the defaults
     ({"state_step": "wgmma", "stages": 1, "v_block": 64, "state_warps": 4}, [(1, 129, 1, "scored")]),
+    ({"prep_schedule": "persistent"}, [(1, 200, 1, "saturated"), (2, 129, 2, "scored"), (1, 17, 1, "scored")]),
 ]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
        "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
-       "wgmma_vb64_s1"]
+       "wgmma_vb64_s1", "persistent_prep"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)

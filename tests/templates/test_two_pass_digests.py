@@ -65,4 +65,4 @@ def test_defaults_unchanged():
     # the fastest point measured (docs/benchmarks.md, the wgmma state step); change with a new measurement
     assert fam.defaults == {"chunk": 64, "v_block": 128, "state_warps": 8, "stages": 3,
                             "state_step": "wgmma", "prep_smem": "tiles", "uo_blocks": 2,
-                            "out_store": "deferred"}
+                            "out_store": "deferred", "prep_schedule": "grid"}
