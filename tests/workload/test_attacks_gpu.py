@@ -1,0 +1,58 @@
+"""Cheating candidates against the official benchmark on the scored GPU workload, through a
+real GPU server (skipped without CuPy and a GPU; each bench takes about 2.5 minutes on an
+H200, most of it fla's first compile). The cheats wrap the two_pass defaults, whose honest
+figure is 2.38x fla (docs/benchmarks.md): a cheat that passes must not earn more."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.gpu import gpu_available
+
+from .conftest import GPU_WORKLOAD, REPO
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+if not gpu_available():
+    pytest.skip("needs CuPy and a CUDA GPU", allow_module_level=True)
+
+FIXTURES = REPO / "tests" / "fixtures"
+HONEST_CEILING = 3.0   # the honest kernel: 2.38x (1.107 ms against fla's 2.630 ms)
+
+
+@pytest.fixture(scope="module")
+def gpu_client(salt_file):
+    from kcoral.client import Client
+    from tests.serverproc import ServerProcess
+
+    with ServerProcess(["--gpus", "0", "--workers-per-gpu", "2", "--holdout-salt-file", str(salt_file)],
+                       startup_timeout=120) as srv, Client(srv.url) as c:
+        yield c
+
+
+def stage(attack: Path, dest: Path) -> Path:
+    """The attack's solution.py beside the rendered two_pass defaults, as correct.py."""
+    from evolve.families import load_family
+    from evolve.render import render_candidate
+
+    fam = load_family(REPO / "templates" / "kda" / "two_pass")
+    honest = Path(render_candidate(fam, dict(fam.defaults), dest / "render"))
+    target = dest / attack.name
+    shutil.copytree(honest, target)
+    (target / "solution.py").rename(target / "correct.py")
+    shutil.copyfile(attack / "solution.py", target / "solution.py")
+    return target
+
+
+@pytest.mark.parametrize("attack", [FIXTURES / "kda_attacks" / "nan_gate",
+                                    FIXTURES / "kda_attacks_gpu" / "patch_events"], ids=lambda p: p.name)
+def test_attack_on_the_gpu_earns_no_inflated_figure(gpu_client, tmp_path, attack):
+    from kcoral.bench import run_bench
+
+    rep = run_bench(gpu_client, GPU_WORKLOAD, stage(attack, tmp_path), timeout=280)
+    verdict = (f"{attack.name}: passed={rep.passed} speedup={rep.speedup} kind={rep.failure_kind} "
+               f"flags={rep.timing_flags[:2]} message={rep.message[:600]!r}")
+    print(verdict)   # the figures, for docs/benchmarks.md
+    assert not rep.passed or rep.speedup < HONEST_CEILING, verdict
