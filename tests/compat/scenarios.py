@@ -155,11 +155,81 @@ def stock_builtins(c: Client) -> dict[str, Any]:
     return {"timed": {**_outcome(timed), "out": timed.results.get("out")}, "tvm": _outcome(tvm)}
 
 
+# The programs of the TIRx harness's tool wrappers (`kcoral_python.py`, `kcoral_ncu.py` and
+# the like, and `kcoral_remote.py --cmd`), the commands an agent of the seed drove: a tar of
+# the local inputs as a named bytes upload, a runner module, one run whose arguments are the
+# archive, the tool's argument list and an environment dict, the 16 MiB output limit and a
+# long timeout; the runner unpacks the tar and runs a subprocess whose stdout and stderr are
+# the request's own. Written here from the programs' shape, not copied.
+HARNESS_RUNNER = """
+import io, os, subprocess, sys, tarfile, tempfile
+
+def _unpack(archive):
+    work = tempfile.mkdtemp(prefix="tool_")
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+        tar.extractall(work, filter="data")
+    return work
+
+def python(archive, arguments, environment):
+    work = _unpack(archive)
+    env = dict(os.environ, **environment, KCORAL_DIR=work)
+    done = subprocess.run([sys.executable, *arguments], cwd=work, env=env)
+    return {"returncode": done.returncode, "files": sorted(os.listdir(work))}
+
+def bash(script, archive=None):
+    work = _unpack(archive) if archive is not None else None
+    env = dict(os.environ, **({"KCORAL_DIR": work} if work else {}))
+    return {"returncode": subprocess.run(["bash", "-c", script], cwd=work, env=env).returncode}
+"""
+HARNESS_OUTPUT_LIMIT = 16 * 1024**2
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def harness_tool(c: Client) -> dict[str, Any]:
+    """`kcoral_python.py --send DIR -e MODE=test -- check.py`: exit status 3 comes back."""
+    archive = _tar({"check.py": b"import os, sys\nprint('mode', os.environ['MODE'], os.path.basename(os.getcwd())[:5])\n"
+                                b"print('to stderr', file=sys.stderr)\nsys.exit(3)\n",
+                    "data/input.txt": b"x"})
+    p = Program()
+    mod = p.upload(id="tool_runner", kind="module", source=HARNESS_RUNNER)
+    runner = p.get_function(id="runner", module=mod, name="python")
+    inputs = p.upload(id="inputs", kind="bytes", value=archive)
+    p.return_(key="outcome", value=p.run(id="run", fn=runner, args=[inputs, ["check.py"], {"MODE": "test"}]))
+    r = c.execute(p, timeout_seconds=3600, output_limit_bytes=HARNESS_OUTPUT_LIMIT)
+    return {**_outcome(r), "outcome": r.results.get("outcome"), "stdout": r.stdout, "stderr": r.stderr,
+            "truncated": [r.stdout_truncated, r.stderr_truncated]}
+
+
+def harness_cmd(c: Client) -> dict[str, Any]:
+    """`kcoral_remote.py --cmd 'ls; cat notes.txt' --send DIR`."""
+    p = Program()
+    mod = p.upload(id="runner", kind="module", source=HARNESS_RUNNER)
+    runner = p.get_function(id="main", module=mod, name="bash")
+    sent = p.upload(id="send", kind="bytes", value=_tar({"notes.txt": b"sent along\n"}))
+    p.return_(key="cmd", value=p.run(id="cmd", fn=runner,
+                                     args=['ls "$KCORAL_DIR"; cat notes.txt; echo done >&2', sent]))
+    r = c.execute(p, timeout_seconds=600, output_limit_bytes=HARNESS_OUTPUT_LIMIT)
+    return {**_outcome(r), "cmd": r.results.get("cmd"), "stdout": r.stdout, "stderr": r.stderr}
+
+
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     f.__name__: f for f in (
         folder_upload, file_upload_ids, worker_death, cuda_error_kind, extra_dtype_return, zero_d_array,
         nested_ref_literal, gpu_count_option, program_exception_kind, module_error_kinds,
         file_return_error_kind, non_callable_get_function, health_load, request_ids, stock_builtins,
+        harness_tool, harness_cmd,
     )
 }
 

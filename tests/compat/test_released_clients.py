@@ -114,3 +114,19 @@ def test_9_programs_import_kcoral_builtins(seen: dict[str, Any]) -> None:
     assert 0 < stats["latency_ms_min"] <= stats["latency_ms_median"] <= stats["latency_ms_max"]
     assert stats["repeat"] >= 1 and stats["flush_l2"] is True
     _failed(helpers["tvm"], "unavailable")
+
+
+def test_13_the_harness_tool_wrappers_programs_run(seen: dict[str, Any]) -> None:
+    # kcoral_python.py's program: a named tar upload, a list and a dict as literal arguments,
+    # a subprocess whose output is the request's own, its exit status returned as data.
+    r = _completed(seen["harness_tool"])
+    assert r["outcome"] == {"returncode": 3, "files": ["check.py", "data"]}, r
+    assert "mode test tool_" in r["stdout"] and "to stderr" in r["stderr"], r
+    assert r["truncated"] == [False, False]
+
+
+def test_13_the_harness_cmd_wrappers_program_runs(seen: dict[str, Any]) -> None:
+    # kcoral_remote.py --cmd with --send: bash in the unpacked directory.
+    r = _completed(seen["harness_cmd"])
+    assert r["cmd"] == {"returncode": 0}, r
+    assert r["stdout"].split() == ["notes.txt", "sent", "along"] and "done" in r["stderr"], r
