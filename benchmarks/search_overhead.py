@@ -3,7 +3,8 @@
 Fills a fresh SQLite database with N candidates of a recorded landscape's family (real
 points and their recorded times: a passed check and a bench each, failures as failed
 checks; bulk insert), then times what `evolve run` does per proposal: reading the search
-state from the population (`evolve.loop.search_state`) and the strategy's `propose`.
+state from the population (`evolve.search_view.SearchView`, whose first read is the whole
+population: shown apart) and the strategy's `propose`.
 Prints a table (`--json`: JSON).
 
     python benchmarks/search_overhead.py [--candidates 10000] [--proposals 20] [--landscape L.csv.gz]
@@ -30,7 +31,7 @@ from sqlalchemy import insert  # noqa: E402
 
 from evolve.config import StrategyConfig  # noqa: E402
 from evolve.db.models import CandidateModel, EvaluationModel, utcnow  # noqa: E402
-from evolve.loop import search_state  # noqa: E402
+from evolve.search_view import SearchView  # noqa: E402
 from evolve.population import Population  # noqa: E402
 from evolve.replay.landscape import load_landscape  # noqa: E402
 from evolve.strategies import make_strategy, point_key  # noqa: E402
@@ -88,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         rng = random.Random(f"0:{kind}")
         tried = {point_key(f, p) for f, p in pop.family_points(wid)}
         state_ms, propose_ms = [], []
+        view = SearchView(pop, wid)   # as the loop keeps it: read whole once, then brought up to date
         for i in range(args.proposals):
             t0 = time.perf_counter()
-            state = search_state(pop, wid, tried, i)
+            state = view.state(tried, i)
             t1 = time.perf_counter()
             proposal = strategy.propose(state, rng)
             t2 = time.perf_counter()
@@ -98,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             propose_ms.append((t2 - t1) * 1000)
             if proposal is not None:
                 tried.add(proposal.key)
-        # The first proposal builds the strategy's caches (the encoded space): shown apart.
-        rows.append({"strategy": kind, "state_ms": statistics.median(state_ms),
-                     "first_propose_ms": propose_ms[0], "propose_ms": statistics.median(propose_ms[1:] or propose_ms),
+        # The first proposal reads the population whole and builds the strategy's caches (the
+        # encoded space): shown apart.
+        rows.append({"strategy": kind, "state_ms": statistics.median(state_ms[1:] or state_ms),
+                     "first_ms": state_ms[0] + propose_ms[0], "propose_ms": statistics.median(propose_ms[1:] or propose_ms),
                      "total_ms": statistics.median(s + p for s, p in zip(state_ms[1:], propose_ms[1:]))})
     pop.close()
     report = {"landscape": landscape.name, "candidates": args.candidates, "evaluations": evaluations,
@@ -110,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     table = Table(title=f"Per proposal, {args.candidates} candidates ({evaluations} evaluations) of "
                         f"{landscape.name} in SQLite; median of {args.proposals}")
-    for col in ("strategy", "search_state ms", "propose ms", "state + propose ms", "first propose ms"):
+    for col in ("strategy", "search_state ms", "propose ms", "state + propose ms", "first (full read) ms"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in rows:
         table.add_row(r["strategy"], f"{r['state_ms']:.1f}", f"{r['propose_ms']:.1f}", f"{r['total_ms']:.1f}",
-                      f"{r['first_propose_ms']:.0f}")
+                      f"{r['first_ms']:.0f}")
     Console().print(table)
     return 0
 

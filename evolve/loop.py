@@ -36,6 +36,7 @@ from evolve.population import Candidate, NewCandidate, Population, Run
 from evolve.preflight import PreflightError, health_gpus, probe_ncu, problems, tool_problems
 from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
 from evolve.render import RenderError, render_candidate
+from evolve.search_view import SearchView
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
 from evolve.strategies.base import INFEASIBLE_KINDS, Failed
 
@@ -96,8 +97,10 @@ def server_concurrency(health: dict) -> int:
 
 def search_state(pop: Population, workload_id: int, tried: set, proposals: int) -> SearchState:
     """What a strategy sees, read from the population alone (so a resumed run sees what an
-    uninterrupted one would): correct candidates fastest first, failed points, tried keys."""
-    # model_construct: the rows come typed from our own database, and this runs per proposal.
+    uninterrupted one would): correct candidates fastest first, failed points, tried keys.
+    One full read, the definition; the loop keeps a `SearchView` up to date instead, which
+    hands out the same state (tests/evolve_search/test_search_view.py)."""
+    # model_construct: the rows come typed from our own database.
     correct = [Parent.model_construct(id=cid, family=family, params=params, speedup=speedup, generation=generation)
                for cid, family, params, generation, speedup in pop.correct_points(workload_id)]
     ok = {p.id for p in correct}
@@ -196,6 +199,7 @@ class SearchLoop:
         self._run_id: int | None = None
         self.client = client
         self.pop = pop
+        self._views: dict[int, SearchView] = {}   # per workload: the search's state, kept up to date
         self.resume = resume
         if resume and join is not None:
             raise JoinError("--resume starts a new run that finishes a dead one; --join works on a live one: pick one")
@@ -276,7 +280,10 @@ class SearchLoop:
 
     # ---- the search state --------------------------------------------------------------
     def _state(self, workload_id: int, tried: set, proposals: int) -> SearchState:
-        return search_state(self.pop, workload_id, tried, proposals)
+        view = self._views.get(workload_id)
+        if view is None:
+            view = self._views[workload_id] = SearchView(self.pop, workload_id)
+        return view.state(tried, proposals)
 
     def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int, worker_id: int,
                   stage: str) -> tuple[Candidate, int | None] | None:

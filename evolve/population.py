@@ -863,6 +863,25 @@ class Population:
             return [(cid, family, dict(params or {}), generation or 0, float(speedup))
                     for cid, family, params, generation, speedup in s.execute(query)]
 
+    def evaluation_rows(self, workload_id: int, after: int, ids: Sequence[int] = ()) -> list[tuple]:
+        """(evaluation id, candidate id, family, params, generation, stage, status, speedup,
+        failure kind) of the workload's evaluations with an id above `after` or in `ids`, in
+        id order: what the search's view is brought up to date from (search_view.py)."""
+        C, E = CandidateModel, EvaluationModel
+        cond = E.id > after
+        if ids:
+            cond = cond | E.id.in_(list(ids))
+        query = (
+            select(E.id, C.id, C.family, C.params, C.generation, E.stage, E.status, E.speedup, E.failure_kind)
+            .join(C, C.id == E.candidate_id)
+            .where(C.workload_id == workload_id, cond)
+            .order_by(E.id)
+        )
+        with self.db.read() as s:
+            return [(eid, cid, family, dict(params or {}), generation or 0, str(stage), str(status),
+                     None if speedup is None else float(speedup), None if kind is None else str(kind))
+                    for eid, cid, family, params, generation, stage, status, speedup, kind in s.execute(query)]
+
     def failed_points(self, workload_id: int, kinds: Sequence[str]) -> list[tuple[int, str, dict[str, Any], str]]:
         """Family candidates with a failed evaluation of one of `kinds`, as (id, family,
         params, first such kind), in id order: what a search learns to avoid."""
