@@ -20,6 +20,7 @@ import pytest
 
 from kcoral import Client, Program
 from kcoral.wire import parse_program
+from tests.gpu import gpu_available
 from tests.serverproc import ServerProcess
 
 from .helpers import assert_gone_then_kill, function_program, processes_with_argv, unique_sleep
@@ -118,11 +119,16 @@ def secrets_dir(tmp_path_factory) -> Path:
     return d
 
 
-@pytest.fixture(scope="module")
-def server(secrets_dir):
-    args = ["--cpu-workers", "2", "--state-dir", str(secrets_dir / "state"),
-            "--holdout-salt-file", str(secrets_dir / "salt")]
-    with ServerProcess(args, env={"KCORAL_SERVER_TOKEN": TOKEN}) as srv:
+# Every attack through the shared server runs against a CPU server, and against a GPU
+# server (device nodes, driver libraries and CUDA inside the sandbox) where there is a GPU.
+BACKENDS = ["cpu"] + (["gpu"] if gpu_available() else [])
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request, secrets_dir):
+    workers = ["--cpu-workers", "2"] if request.param == "cpu" else ["--gpus", "0", "--workers-per-gpu", "2"]
+    args = [*workers, "--state-dir", str(secrets_dir / "state"), "--holdout-salt-file", str(secrets_dir / "salt")]
+    with ServerProcess(args, env={"KCORAL_SERVER_TOKEN": TOKEN}, startup_timeout=120) as srv:
         yield srv
 
 
