@@ -35,7 +35,7 @@ class FamilyChoice(_Strict):
 class StrategyConfig(_Strict):
     # "evolution" stays the default until "auto" (the model-based strategy) meets the replay
     # benchmark's bar: it is worse than random on one of six recorded landscapes (docs/evolve.md).
-    kind: Literal["auto", "model", "evolution", "random", "exhaustive"] = "evolution"
+    kind: Literal["auto", "model", "evolution", "random", "exhaustive"] = "auto"
     population_size: int = Field(16, ge=1)     # how many of the best correct candidates breed
     tournament_size: int = Field(3, ge=1)
     mutation_rate: float = Field(0.3, ge=0, le=1)   # per extra parameter, after the one that always changes

@@ -131,3 +131,35 @@ def test_random_strategy_seeds_then_samples():
     props = [strategy.propose(state, random.Random(i)) for i in range(20)]
     assert all(p.operator == "immigrant" and fam.admits(p.params) for p in props)
     assert len({p.key for p in props}) > 5
+
+
+def test_auto_gives_evolution_every_second_proposal_once_the_search_stalls():
+    from evolve.strategies.auto import STALL, AutoStrategy, stalled
+
+    fam = load_family(NUMPY_FAMILY)
+    points = list(fam.points())
+
+    def state(best_id: int, newest_id: int, index: int) -> SearchState:
+        # the best candidate is `best_id`; every other id up to `newest_id` is slower
+        correct = [Parent(id=best_id, family=fam.name, params=points[0], speedup=2.0)]
+        correct += [Parent(id=i, family=fam.name, params=points[i % len(points)], speedup=1.0)
+                    for i in range(1, newest_id + 1) if i != best_id]
+        return SearchState(correct=correct, proposal_index=index)
+
+    assert not stalled(state(best_id=10, newest_id=10 + STALL - 1, index=0))
+    assert stalled(state(best_id=10, newest_id=10 + STALL, index=0))
+    auto = AutoStrategy({fam.name: fam}, StrategyConfig(seed=1))
+    calls: list[str] = []
+    for name in ("model", "evolution"):
+        inner = getattr(auto, name)
+        real = inner.propose
+        inner.propose = lambda st, rng, _real=real, _name=name: (calls.append(_name), _real(st, rng))[1]
+    whose = {}
+    for label, best, newest in (("fresh", 30, 31), ("stalled", 3, 3 + STALL + 5)):
+        whose[label] = []
+        for index in range(6):
+            calls.clear()
+            auto.propose(state(best, newest, index), random.Random(index))
+            whose[label].append(calls[0])
+    assert [i for i, w in enumerate(whose["fresh"]) if w == "evolution"] == [2, 5]        # every third
+    assert [i for i, w in enumerate(whose["stalled"]) if w == "evolution"] == [1, 3, 5]   # every second
