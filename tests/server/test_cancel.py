@@ -116,7 +116,10 @@ def test_ctrl_c_of_kcoral_python_ends_promptly_and_cancels(server, tmp_path) -> 
     try:
         assert _wait_for(lambda: bool(processes_with_argv("sleep", secs)), 15)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=3)
+        # Well before the program's 300 s: what is checked is that Ctrl-C ends the client and
+        # the program, not how fast a loaded 2-core machine runs the client's exit (two full
+        # CI runs on a loaded machine went past 3 s here; alone it takes well under 1 s).
+        _, err = proc.communicate(timeout=15)
     finally:
         if proc.poll() is None:
             proc.kill()
