@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", help="write every report here")
     args = ap.parse_args()
-    server = None if args.remote else LocalServer(2)
+    server = None if args.remote else LocalServer(2, [])
     url = args.remote or server.url
     rows, reports = [], []
     try:

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sandbox-uid", type=int, default=2_000_000_000,
                    help="as root: worker slot i runs programs as uid/gid SANDBOX_UID+i (default 2000000000)")
     p.add_argument("--max-memory-bytes", type=int, default=2 << 30,
-                   help="address space per request, RLIMIT_AS (default 2 GiB; 0: none; not on GPU workers)")
+                   help="address space a request may add to its preloaded worker, RLIMIT_AS (default 2 GiB; 0: none; not on GPU workers)")
     p.add_argument("--max-processes", type=int, default=256, help="processes per request, RLIMIT_NPROC (default 256)")
     p.add_argument("--max-file-bytes", type=int, default=1 << 30, help="largest file a request writes (default 1 GiB)")
     p.add_argument("--workspace-bytes", type=int, default=2 << 30,

@@ -33,7 +33,7 @@ class ServerConfig(BaseModel):
     token_file: str | None = None            # hidden from requests, like the state directory
     sandbox: SandboxMode = SandboxMode.BWRAP  # none: programs run as the server's uid, unisolated
     sandbox_uid: int = Field(2_000_000_000, ge=1)  # as root: worker slot i's programs run as this uid + i
-    max_memory_bytes: int = Field(2 * GiB, ge=0)   # RLIMIT_AS per request (0: none; never on GPU workers)
+    max_memory_bytes: int = Field(2 * GiB, ge=0)   # RLIMIT_AS beyond the preloaded worker's (0: none; never on GPU workers)
     max_processes: int = Field(256, ge=0)          # RLIMIT_NPROC per request (0: none)
     max_file_bytes: int = Field(1 * GiB, ge=0)     # RLIMIT_FSIZE per request (0: none)
     workspace_bytes: int = Field(2 * GiB, ge=1 << 20)  # the request's tmpfs: workspace, /tmp and /dev/shm

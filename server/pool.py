@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import fdwait
 from . import sandbox as sandbox_paths
 from .builtins import MAX_HOLDOUT_SEEDS
 from .channel import FDS_PER_MESSAGE, AsyncChannel, FrameTooLarge
@@ -147,16 +148,12 @@ class WorkerHandle:
         self.status = "idle"
 
     async def _read_status(self, fd: int) -> None:
-        """The launcher's reports: `pid N`, then `exit CODE` or `error MESSAGE`."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                                    os.fdopen(fd, "rb", 0))
+        """The launcher's reports: `pid N`, then `exit CODE` or `error MESSAGE`. The pipe is
+        read and closed here, never handed to a loop transport (fdwait.py says why)."""
         try:
-            while True:
-                line = (await reader.readline()).decode(errors="replace").strip()
-                if not line:
-                    break
+            os.set_blocking(fd, False)
+            async for raw in fdwait.lines(fd):
+                line = raw.decode(errors="replace").strip()
                 word, _, rest = line.partition(" ")
                 if word == "pid" and rest.isdigit():
                     self.pid = int(rest)
@@ -165,7 +162,7 @@ class WorkerHandle:
                 elif word == "error":
                     self._set_exit(rest)
         finally:
-            transport.close()
+            os.close(fd)
             self._set_exit("the launcher ended without a report")
 
     def _set_exit(self, value: int | str) -> None:

@@ -11,17 +11,8 @@ import json
 import os
 import signal
 
+from .fdwait import readable as _readable
 from .sandbox import READY, SandboxPolicy
-
-
-async def _readable(fd: int, timeout: float) -> None:
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
-    try:
-        await asyncio.wait_for(fut, timeout)
-    finally:
-        loop.remove_reader(fd)
 
 
 class SandboxProcess:
@@ -31,6 +22,7 @@ class SandboxProcess:
         self._init_pidfd = -1   # the sandbox's PID 1: killing it kills every process inside
         self._stdin = -1        # closing it ends the placeholder command, and the sandbox
         self.init_pid = 0
+        self._reaper: asyncio.Future[None] | None = None
 
     @classmethod
     async def start(cls, policy: SandboxPolicy, gpu: bool, timeout: float = 60.0) -> "SandboxProcess":
@@ -93,14 +85,22 @@ class SandboxProcess:
             self._stdin = -1
 
     async def wait(self, timeout: float = 10.0) -> None:
-        """Reap bwrap (after kill)."""
-        if self._pidfd < 0:
-            return
+        """Reap bwrap (after kill). Every caller shares one reaping: two that each watched
+        and closed the pidfd closed it twice, and the second close could take a descriptor
+        number already reused by another request's socket (seen on a 16-core machine under
+        a hostile client: other requests failed with EBADF)."""
+        if self._reaper is None:
+            if self._pidfd < 0:
+                return
+            self._reaper = asyncio.ensure_future(self._reap(self._pidfd, timeout))
+        await asyncio.shield(self._reaper)
+
+    async def _reap(self, pidfd: int, timeout: float) -> None:
         try:
-            await _readable(self._pidfd, timeout)
+            await _readable(pidfd, timeout)
             os.waitpid(self.pid, 0)
         except (asyncio.TimeoutError, ChildProcessError):
             pass
         finally:
-            os.close(self._pidfd)
             self._pidfd = -1
+            os.close(pidfd)

@@ -256,6 +256,11 @@ def _launcher(spec: dict[str, Any], fds: dict[str, int]) -> None:
         os._exit(code)
 
 
+def _address_space_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
     code = 70
     try:
@@ -272,6 +277,12 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
                          (resource.RLIMIT_FSIZE, "file_bytes")):
             value = int(limits.get(key) or 0)
             if value > 0:
+                if res == resource.RLIMIT_AS:
+                    # What the request may add to the address space it was forked with: the
+                    # zygote's imports reserve far more of it on some machines than on
+                    # others (CuPy's libraries, a BLAS pool sized by the core count: over
+                    # 1 GiB on a 16-core GPU machine, where a 1 GiB limit refused 4 MiB).
+                    value += _address_space_bytes()
                 resource.setrlimit(res, (value, value))
         uid, gid = spec.get("uid"), spec.get("gid")
         if uid is not None:

@@ -433,6 +433,18 @@ def test_memory_is_bounded(limited) -> None:
     assert _run(limited, alloc).raise_for_failure().results["out"] == "refused"
 
 
+def test_the_memory_limit_counts_what_a_request_adds_to_its_worker() -> None:
+    # The limit is on what a request allocates, not on what the zygote's imports reserved
+    # before it: on a 16-core GPU machine those passed 1 GiB, and a 1 GiB RLIMIT_AS refused
+    # a 4 MiB string. Here a limit far below any preloaded worker's address space.
+    small = ["--max-memory-bytes", str(96 << 20)]
+    alloc = ("def main(n):\n    try:\n        b = bytearray(n << 20)\n    except MemoryError:\n"
+             "        return 'refused'\n    return len(b) >> 20\n")
+    with ServerProcess(["--cpu-workers", "1"] + small, env={"KCORAL_SERVER_TOKEN": TOKEN}) as srv:
+        assert _run(srv, alloc, args=[32]).raise_for_failure().results["out"] == 32
+        assert _run(srv, alloc, args=[256]).raise_for_failure().results["out"] == "refused"
+
+
 def test_processes_are_bounded(limited) -> None:
     marker = unique_sleep()
     bomb = ("import subprocess\ndef main(marker):\n    kids = []\n    try:\n        for _ in range(200):\n"

@@ -47,6 +47,7 @@ def stage(attack: Path, dest: Path) -> Path:
 
 
 @pytest.mark.parametrize("attack", [FIXTURES / "kda_attacks" / "nan_gate",
+                                    FIXTURES / "kda_attacks" / "skip_host_work",
                                     FIXTURES / "kda_attacks_gpu" / "patch_events"], ids=lambda p: p.name)
 def test_attack_on_the_gpu_earns_no_inflated_figure(gpu_client, tmp_path, attack):
     from kcoral.bench import run_bench

@@ -23,37 +23,68 @@ from judge.timing import clock_figure
 from .conftest import KDA
 
 CHILD = textwrap.dedent("""
+    # A host's side of one buffer: made here, handed to the judge, read back after it wrote.
     import socket, sys
     sys.path.insert(0, sys.argv[2])
     from judge.backend import make_backend
     from judge.channel import Channel
-    from judge.memory import Mapper
+    from judge.memory import export, place
     chan = Channel(socket.socket(fileno=int(sys.argv[1])))
-    msg, fds = chan.recv()
-    m = Mapper(make_backend("cpu"))
-    m.add(msg["buffers"], fds)
-    a = m.view(msg["view"])
+    msg, _ = chan.recv()
+    buf, info, fds = export(make_backend("cpu"), 1, msg["nbytes"])
+    chan.send(info, fds)
+    msg, _ = chan.recv()
+    a = place(buf.base, msg["view"])
     total = float(a.sum())
     a[...] = 7.0
     chan.send({"sum": total})
+    chan.recv()
 """)
 
 
-def test_lent_memory_is_shared_with_another_process_and_nothing_else_is():
+def test_a_hosts_own_memory_is_written_by_the_judge_and_read_back():
     arena = Arena(make_backend("cpu"))
-    buf = arena.buffer(4096)
-    arr, desc = buf.take((4, 8), np.float32)
-    arr[...] = 1.0
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(theirs.fileno()), str(KDA)], pass_fds=(theirs.fileno(),))
     theirs.close()
     chan = Channel(ours)
-    chan.send({"buffers": [buf.info()], "view": desc}, fds=[buf.fd])
+    chan.send({"nbytes": 4096})
+    info, fds = chan.recv(timeout=60)
+    buf = arena.adopt(1, 4096, info, fds)
+    arr, desc = buf.take((4, 8), np.float32)
+    arr[...] = 1.0
+    chan.send({"view": desc})
     reply, _ = chan.recv(timeout=60)
+    assert reply == {"sum": 32.0}  # the host read what the judge wrote
+    assert (arr == 7.0).all()       # and the judge sees what the host wrote
+    chan.send({})
     assert proc.wait(timeout=60) == 0
-    assert reply == {"sum": 32.0}
-    assert (arr == 7.0).all()  # the child wrote into the judge's buffer
     arena.free_all()
+
+
+@pytest.mark.parametrize("how", ["unsealable", "too_small", "two_fds", "plain_file"])
+def test_a_host_buffer_that_could_shrink_or_is_short_is_refused(tmp_path, how):
+    # The judge writes into a host's memfd while the host lives: one the host could shrink
+    # would kill the judge with SIGBUS mid-write, one shorter than asked would too.
+    import os
+
+    from judge.memory import HostMemoryError
+
+    arena = Arena(make_backend("cpu"))
+    if how == "plain_file":
+        fds = [os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)]
+        os.ftruncate(fds[0], 4096)
+    else:
+        flags = os.MFD_CLOEXEC | (0 if how == "unsealable" else os.MFD_ALLOW_SEALING)
+        fds = [os.memfd_create("host", flags) for _ in range(2 if how == "two_fds" else 1)]
+        for fd in fds:
+            os.ftruncate(fd, 1024 if how == "too_small" else 4096)
+    with pytest.raises(HostMemoryError):
+        arena.adopt(1, 4096, {}, fds)
+    assert not arena.live
+    for fd in fds:  # the judge closed every descriptor it was handed
+        with pytest.raises(OSError):
+            os.fstat(fd)
 
 
 def _batch(host_ms, wall_ms):
@@ -201,23 +232,24 @@ def test_a_missing_fla_stops_the_bench_instead_of_changing_the_baseline(monkeypa
 
 
 PROBE = textwrap.dedent("""
-    # Tells through its output whether setup got the judge's lent (memfd) memory.
+    # Tells through its output whether every array setup got lies in a memfd its own
+    # process made (the host's), and none in memory the judge made.
     import numpy as np
 
-    def _lent_ranges():
+    def _ranges(tag):
         out = []
         with open("/proc/self/maps") as f:
             for line in f:
-                if "kda-judge" in line:
+                if tag in line:
                     lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
                     out.append((lo, hi))
         return out
 
     def setup(data, B, T, H):
-        ranges = _lent_ranges()
+        own = _ranges("kda-host")
         arrays = [v for v in data.values() if isinstance(v, np.ndarray)]
-        lent = any(lo <= a.__array_interface__["data"][0] < hi for a in arrays for lo, hi in ranges)
-        flag = 1.0 if lent else 0.0
+        inside = all(any(lo <= a.__array_interface__["data"][0] < hi for lo, hi in own) for a in arrays)
+        flag = 1.0 if inside and not _ranges("kda-judge") else 0.0
         out, state = data["output"], data["final_state"]
 
         def fn():
@@ -227,9 +259,9 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def test_the_candidate_works_on_its_hosts_own_memory_not_on_lent_buffers(tmp_path):
+def test_the_candidate_works_on_memory_its_own_host_made(tmp_path):
     # On the H200 a kernel reading the judge's CUDA IPC buffers ran 18x slower than on the
-    # same data in its own memory: the host copies each call's inputs in and outputs out.
+    # same data in its own memory: the host makes the memory, the judge maps it and writes.
     from judge.calls import Session
     from judge.hostproc import HostProcess
     from judge.inputs import regime_inputs
@@ -250,14 +282,14 @@ def test_the_candidate_works_on_its_hosts_own_memory_not_on_lent_buffers(tmp_pat
         host.close()
         arena.free_all()
     for snap in batch.snapshots:
-        assert float(np.asarray(snap["final_state"]).max()) == 0.0, host.log_tail(2000)
+        assert float(np.asarray(snap["final_state"]).min()) == 1.0, host.log_tail(2000)
     assert len(batch.snapshots) == 2
 
 
 CPU_FOOTING = textwrap.dedent("""
     # Tells through its final state how many BLAS threads it was given and by how many KiB
     # its host's resident memory grew between the end of setup and its first call (the
-    # cache flush is written in between).
+    # judge flushes the cache in between, with memory of its own).
     import os
 
     def rss_kib():
@@ -280,7 +312,7 @@ CPU_FOOTING = textwrap.dedent("""
 """)
 
 
-def test_cpu_hosts_run_one_blas_thread_and_their_flush_buffer_is_written_before_any_batch(tmp_path):
+def test_cpu_hosts_run_one_blas_thread_and_grow_no_memory_in_a_call_window(tmp_path):
     # On a loaded 2-core machine the default BLAS pool (one thread per core) swung the
     # baseline between 6.5 and 9.9 ms from trial to trial, and a fresh host's first batch
     # paid the 8 MiB flush buffer's page faults inside the judge's clock (docs/benchmarks.md).
@@ -306,7 +338,7 @@ def test_cpu_hosts_run_one_blas_thread_and_their_flush_buffer_is_written_before_
     state = np.asarray(batch.snapshots[0]["final_state"]).reshape(-1)
     assert state[1] == 1.0, host.log_tail(2000)                     # OPENBLAS_NUM_THREADS=1
     flush_kib = spec.timing.flush_bytes // 1024
-    assert state[0] < flush_kib / 4, (state[0], flush_kib)          # the flush buffer was already resident
+    assert state[0] < flush_kib / 4, (state[0], flush_kib)          # no flush buffer made in the window
 
 
 # ---- GPU: per-call weighing by medians (each call's window less the no-op's) ----------

@@ -125,6 +125,7 @@ def test_both_workload_specs_parse():
     gpu = load_spec(GPU_WORKLOAD / "workload.json")
     assert (gpu.B, gpu.T, gpu.H, gpu.K, gpu.V) == (1, 8192, 96, 128, 128)
     assert gpu.timing.calls >= 30 and gpu.timing.flush_bytes >= 2 * 60 * 2**20
+    assert gpu.timing.preroll_ms >= 2.0  # outlasts the call message and fla's launch path (preroll.py)
     assert gpu.regimes == REGIMES and SPEC.regimes == REGIMES
     assert abs(gpu.scale - 128 ** -0.5) < 1e-12
 

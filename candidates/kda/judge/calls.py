@@ -1,14 +1,15 @@
 """Calls of a candidate, judge side: a `Session` is one `setup` of one host at one length T,
-on buffers the judge lends; `Session.batch` runs a batch of calls on fresh inputs and
-returns what the judge saw of it.
+on memory the host made and the judge maps; `Session.batch` runs a batch of calls on fresh
+inputs and returns what the judge saw of it.
 
-Every call of every batch is alike, whether its time counts or not: its inputs are new
-(written into the lent block `setup` captured only once the call's window has begun), its
-outputs are poisoned before it, and the host copies its outputs into the lent output
-block, which the judge snapshots into memory of its own the moment the host answers.
-Verification reads only that snapshot and inputs the judge regenerates from their seeds,
-so a host that keeps working after it answered, or edits the lent inputs, fails its
-check."""
+Every call of every batch is alike, whether its time counts or not: inside its window the
+judge writes its new inputs into the session's memory, poisons its outputs and flushes the
+cache with a buffer of its own; the host runs the call and answers; the judge snapshots the
+outputs into memory of its own. Verification reads only that snapshot and inputs the judge
+regenerates from their seeds, so a host that keeps working after it answered, or edits its
+inputs, fails its check. The host does nothing per call but the call and its timer, so
+there is no step of the protocol a candidate could skip to make room in the judge's clock
+(see memory.py)."""
 from __future__ import annotations
 
 import math
@@ -19,9 +20,10 @@ from typing import Callable
 from . import cpuclock
 from .backend import BF16, Backend, bits_view, poison, write_into
 from .compare import check_output
+from .harness import CandidateError
 from .hostproc import HostProcess
 from .inputs import INPUT_NAMES
-from .memory import Arena, plan_bytes
+from .memory import Arena, HostMemoryError, plan_bytes
 from .reference import chunked_f32, recurrence_f64
 from .spec import WorkloadSpec
 
@@ -41,19 +43,23 @@ def output_layout(spec: WorkloadSpec, T: int) -> list[tuple[str, tuple[int, ...]
     return [("output", (spec.B, T, spec.H, spec.V), BF16), ("final_state", (spec.B, spec.H, spec.V, spec.K), "float32")]
 
 
-def _lend(arena: Arena, layouts: list[list[tuple[str, tuple, object]]]):
-    """One fresh buffer holding every layout, each as a contiguous block; returns (buffer,
-    [(arrays, descriptors, block descriptor)]). Blocks of one layout have one size, so a host moves a
-    whole set of inputs (or outputs) with one copy."""
+def _place(arena: Arena, host: HostProcess, sid: int, layouts: list[list[tuple[str, tuple, object]]]):
+    """The host makes one buffer holding every layout, each as a contiguous block, and the
+    judge maps it; returns (buffer, [(arrays, descriptors)])."""
     flat = [(shape, dt) for layout in layouts for _, shape, dt in layout]
-    buf = arena.buffer(plan_bytes(flat))
+    nbytes = plan_bytes(flat)
+    reply, fds = host.request_fds({"op": "alloc", "session": sid, "nbytes": nbytes})
+    try:
+        buf = arena.adopt(sid, nbytes, reply, fds)
+    except HostMemoryError as exc:
+        raise CandidateError("runtime", f"the {host.label} process's memory was refused: {exc}") from None
+    host.adopted.append(buf)
     out = []
     for layout in layouts:
         arrays, descs = {}, {}
         for name, shape, dt in layout:
             arrays[name], descs[name] = buf.take(shape, dt)
-        start = out[-1][2]["offset"] + out[-1][2]["shape"][0] if out else 0
-        out.append((arrays, descs, {"buf": buf.id, "offset": start, "shape": [buf._used - start], "dtype": "uint8"}))
+        out.append((arrays, descs))
     return buf, out
 
 
@@ -75,31 +81,29 @@ class Session:
                  setup_inputs: Inputs, which: str = "candidate") -> None:
         self.be, self.spec, self.arena, self.host, self.T = be, spec, arena, host, T
         self.id = id(self)
-        self.buf, [(self.inputs, in_desc, in_block), (self.outs, out_desc, out_block)] = _lend(
-            arena, [input_layout(spec, T), output_layout(spec, T)])
+        self.buf, [(self.inputs, in_desc), (self.outs, out_desc)] = _place(
+            arena, host, self.id, [input_layout(spec, T), output_layout(spec, T)])
         for name in INPUT_NAMES:
             write_into(be.xp, self.inputs[name], setup_inputs[name])
         poison(be.xp, self.outs["output"])
         poison(be.xp, self.outs["final_state"])
+        arena.flush(int(spec.timing.flush_bytes))  # made and written now, not in a window
+        self.preroll = arena.preroll(spec.timing.preroll_ms)
         be.sync()
-        host.lent.append(self.buf)
         host.request({"op": "setup", "session": self.id, "which": which, "B": spec.B, "T": T, "H": spec.H,
-                      "scale": float(spec.scale), "buffers": [self.buf.info()], "inputs": in_desc,
+                      "scale": float(spec.scale), "inputs": in_desc,
                       "output": out_desc["output"], "final_state": out_desc["final_state"],
-                      "input_block": in_block, "output_block": out_block,
-                      "flush_bytes": int(spec.timing.flush_bytes)},
-                     fds=[self.buf.fd] if self.buf.fd is not None else [])
+                      "preroll": self.preroll.handle})
 
     def batch(self, makers: list[MakeInputs], flush_bytes: int = 0) -> Batch:
         """The calls one at a time, each on inputs the host first sees inside its own window.
 
         Per call: its inputs are generated in the judge's memory (outside the clock), then
-        the clock starts, they are written into the session's lent input block, the
-        outputs are poisoned, the host runs the call, and its outputs are snapshot into
-        judge-private memory the moment it answers; the clock stops there. A host can only
-        work on a call's inputs inside that call's window, so the windows' sum counts all
-        of its work (a batch that lent every set at once let a host map them all, and the
-        mapping's cost, tens of ms and uneven, drowned the calls on the judge's clock)."""
+        the clock starts, they are written into the session's memory, the outputs are
+        poisoned, the cache is flushed (`flush_bytes` of the judge's own memory written),
+        the GPU pre-roll starts (preroll.py), the host runs the call, and its outputs are snapshot into judge-private memory the
+        moment it answers; the clock stops there. A host can only work on a call's inputs
+        inside that call's window, so the windows count all of its work."""
         be, xp = self.be, self.be.xp
         n = len(makers)
         snaps, ms, windows = [], [], []
@@ -118,9 +122,10 @@ class Session:
                 write_into(xp, self.inputs[name], fresh[name])
             poison(xp, self.outs["output"])
             poison(xp, self.outs["final_state"])
+            self.arena.flush(int(flush_bytes), tag=i + 1)
             be.sync()
-            reply = self.host.request({"op": "call", "session": self.id, "flush_bytes": int(flush_bytes),
-                                       "flush_tag": i, "last": i == n - 1, "clock": "cpu" if cpu else "wall"})
+            self.preroll.start()
+            reply = self.host.request({"op": "call", "session": self.id, "clock": "cpu" if cpu else "wall"})
             for name, a in self.outs.items():
                 private[name][...] = a
             be.sync()
@@ -139,7 +144,8 @@ class Session:
         return Batch(snaps, ms, math.fsum(windows), windows, cpu, cpu_ms if cpu else None)
 
     def inputs_intact(self, last: Inputs) -> list[str]:
-        """Names of the lent inputs the last call changed (they must be read-only to it)."""
+        """Names of the inputs the last call changed (they must be read-only to it); read
+        while the host still lives."""
         xp = self.be.xp
         return [n for n in INPUT_NAMES if not bool((bits_view(xp, self.inputs[n]) == bits_view(xp, last[n])).all())]
 

@@ -2,22 +2,26 @@
 the judge: `python -m judge.host FD ROLE DEVICE`.
 
 Everything here runs in an untrusted process once a candidate is loaded: the candidate can
-patch any of it. So the host only does work whose result the judge checks for itself:
-it copies the inputs the judge lends into its own memory, calls `setup` and `fn` there,
-copies each call's outputs into the judge's lent output block and reports its own call
-time, which the judge weighs against its own clock. Roles: `candidate` (a candidate directory) and `trusted` (the baseline and the
-no-op calibration candidate; no candidate code is ever loaded there).
+patch any of it. So the host does as little as it can: it makes the memory a session works
+on (its own, which the judge maps and writes), calls `setup` and `fn` there and reports its
+own call time, which the judge weighs against its own clock. Every other per-call step
+(fresh inputs, poisoned outputs, the cache flush, the snapshot of the outputs) is the
+judge's, on that memory: a step left here could be skipped, and the time it saved would be
+credited to the call. Roles: `candidate` (a candidate directory) and `trusted` (the baseline
+and the no-op calibration candidate; no candidate code is ever loaded there).
 
 Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "kind",
 "message"}:
   load   {"dir"} | {"spec"}                      import the candidate | make the baseline
-  setup  {"session", "which", "B", "T", "H", "scale", "buffers", "inputs", "output",
-          "final_state", "input_block", "output_block", "flush_bytes"}
-         setup(data, B, T, H) on lent buffers; the flush buffer made and written
-  call   {"session", "flush_bytes", "flush_tag", "last", "clock"}   one call on the inputs
-         the judge has just written into the session's lent block: copy them in, poison both
-         outputs, flush the cache, time fn() (clock "cpu": this process's CPU time), copy both
-         outputs out; reply {"ms": x}
+  alloc  {"session", "nbytes"}                   make the session's memory; reply {"ipc"}
+                                                 (GPU) or one memfd passed alongside (CPU)
+  setup  {"session", "which", "B", "T", "H", "scale", "inputs", "output", "final_state",
+          "preroll"}
+         setup(data, B, T, H) on views of that memory, which the judge has filled; "preroll":
+         the judge's interprocess event each call's stream waits on (GPU; see preroll.py)
+  call   {"session", "clock"}                    time fn() alone on the inputs the judge has
+         just written (clock "cpu": this process's CPU time); reply {"ms": x} once its work
+         is finished
   exit
 """
 from __future__ import annotations
@@ -30,10 +34,11 @@ import sys
 import time
 from pathlib import Path
 
-from .backend import BF16_NAN_BITS, Backend, bits_view, make_backend
+from .backend import Backend, make_backend
 from .channel import Channel, ChannelClosed
 from .harness import CandidateError, load_solution, tail
-from .memory import Mapper, place
+from .memory import export, place
+from .preroll import Waiter
 
 PR_SET_NO_NEW_PRIVS = 38
 FILE_LIMIT = 1 << 30  # bytes any file it writes may reach (its log included)
@@ -53,8 +58,9 @@ def _harden() -> None:
 
 
 class _NoOp:
-    """The calibration candidate: does nothing, so a batch of it costs only the host's own
-    work (refills, poisoning, flushes, copies, timers): the judge's measure of overhead."""
+    """The calibration candidate: does nothing, so a batch of it costs only the protocol (the
+    judge's writes, flush and snapshots, the round trip, the timers): the judge's measure of
+    overhead."""
 
     @staticmethod
     def setup(data, B, T, H):
@@ -62,32 +68,19 @@ class _NoOp:
 
 
 class Session:
-    def __init__(self, fn, output, final_state, input_block, output_block, lent_inputs, lent_outputs) -> None:
-        self.fn, self.output, self.final_state = fn, output, final_state
-        self.input_block, self.output_block = input_block, output_block  # uint8, this process's memory
-        self.lent_inputs, self.lent_outputs = lent_inputs, lent_outputs  # uint8 views of the judge's blocks
-
-
-class _Relocated:
-    """Views placed by the judge's descriptors, in this process's copies of its blocks
-    (keyed by each block's offset in the lent buffer)."""
-
-    def __init__(self, blocks: dict[int, object]) -> None:
-        self.blocks = sorted(blocks.items())
-
-    def view(self, desc: dict):
-        start, block = [b for b in self.blocks if b[0] <= int(desc["offset"])][-1]
-        return place(block, desc, start)
+    def __init__(self, buffer) -> None:
+        self.buffer = buffer  # memory.Buffer: this process's own, mapped by the judge
+        self.fn = None
+        self.waiter: Waiter | None = None
 
 
 class Host:
     def __init__(self, chan: Channel, role: str, be: Backend) -> None:
         self.chan, self.role, self.be = chan, role, be
-        self.mapper = Mapper(be)
         self.module = None
         self.baseline = None
         self.sessions: dict[int, Session] = {}
-        self.flush = None
+        self.waiters: dict[str, Waiter] = {}  # by event handle: each opened once
 
     def serve(self) -> None:
         while True:
@@ -98,14 +91,16 @@ class Host:
             op = msg.get("op")
             if op == "exit":
                 return
+            out_fds: list[int] = []
             try:
                 reply = getattr(self, f"op_{op}")(msg, fds)
+                out_fds = reply.pop("_fds", [])
                 reply["ok"] = True
             except CandidateError as exc:
                 reply = {"ok": False, "kind": exc.kind, "message": exc.message}
             except Exception as exc:  # noqa: BLE001 - a broken request or a host fault
                 reply = {"ok": False, "kind": "runtime", "message": f"host error: {type(exc).__name__}: {exc}\n{tail()}"}
-            self.chan.send(reply)
+            self.chan.send(reply, out_fds)
 
     def op_load(self, msg: dict, fds: list) -> dict:
         if self.role == "candidate":
@@ -123,29 +118,16 @@ class Host:
             return self.module
         return {"baseline": self.baseline, "null": _NoOp}[which]
 
+    def op_alloc(self, msg: dict, fds: list) -> dict:
+        sid = int(msg["session"])
+        buf, info, out_fds = export(self.be, sid, int(msg["nbytes"]))
+        self.sessions[sid] = Session(buf)
+        return dict(info, _fds=out_fds)
+
     def op_setup(self, msg: dict, fds: list) -> dict:
-        self.mapper.add(msg["buffers"], fds)
-        # The flush buffer is made and written once here, outside any timed batch: a fresh
-        # host's first batch otherwise paid for making 8 MiB resident (its page faults) inside
-        # the judge's clock, which the no-op batch in the long-lived trusted host never pays.
-        flush = self._flush(int(msg.get("flush_bytes", 0)))
-        if flush is not None:
-            flush.fill(0)
-        view = self.mapper.view
-        lent_in, lent_out = view(msg["input_block"]), view(msg["output_block"])
-        # The candidate works on memory of this process, never on the lent buffers: on the
-        # H200 a kernel reading CUDA-IPC memory ran up to 10x slower (two_pass's prep kernel
-        # 13.1 ms against 0.73 ms on the same data held locally), which would time the
-        # transport, not the candidate. Lent memory only carries inputs in and outputs out.
-        xp = self.be.xp
-        work_in, work_out = xp.empty_like(lent_in), xp.empty_like(lent_out)
-        # With the copier calls use: its kernel is built (or read from the disk cache) here,
-        # not inside the first call's window.
-        self.copy(lent_in, work_in)
-        self.copy(lent_out, work_out)  # poisoned by the judge
-        local = _Relocated({msg["input_block"]["offset"]: work_in, msg["output_block"]["offset"]: work_out})
-        inputs = {n: local.view(d) for n, d in msg["inputs"].items()}
-        output, final_state = local.view(msg["output"]), local.view(msg["final_state"])
+        s = self.sessions[int(msg["session"])]
+        inputs = {n: place(s.buffer.base, d) for n, d in msg["inputs"].items()}
+        output, final_state = place(s.buffer.base, msg["output"]), place(s.buffer.base, msg["final_state"])
         data = dict(inputs, output=output, final_state=final_state, scale=float(msg["scale"]))
         B, T, H = int(msg["B"]), int(msg["T"]), int(msg["H"])
         which = msg.get("which", "baseline")
@@ -161,59 +143,30 @@ class Host:
             raise CandidateError("import", f"setup(data, B={B}, T={T}, H={H}) raised:\n{tail()}") from None
         if not callable(fn):
             raise CandidateError("import", f"setup returned {type(fn).__name__}, not a callable")
-        self.sessions[int(msg["session"])] = Session(fn, output, final_state, work_in, work_out, lent_in, lent_out)
+        handle = msg.get("preroll") or ""
+        if handle not in self.waiters:
+            self.waiters[handle] = Waiter(self.be, handle)
+        s.fn, s.waiter = fn, self.waiters[handle]
         return {}
 
     def op_call(self, msg: dict, fds: list) -> dict:
-        """One call on the inputs the judge has just written into the session's lent block:
-        copied into this process's memory, outputs poisoned, cache flushed, the call timed
-        alone, its outputs copied into the lent output block, all finished before answering."""
+        """One call, timed alone, all of its work finished before answering: the judge has
+        written its inputs, poisoned its outputs and flushed the cache; it snapshots the
+        outputs once we answer."""
         s = self.sessions[int(msg["session"])]
-        flush = self._flush(int(msg.get("flush_bytes", 0)))
         timer = _Timer(self.be, cpu=msg.get("clock") == "cpu")
-        copy = self.copy
         try:
-            copy(s.lent_inputs, s.input_block)
-            bits_view(self.be.xp, s.output).fill(BF16_NAN_BITS)
-            s.final_state.fill(float("nan"))
-            if flush is not None:
-                flush.fill(int(msg.get("flush_tag", 0)))
+            if s.waiter is not None:
+                s.waiter.wait()  # the judge's pre-roll: our launches queue behind it
             timer.start()
             s.fn()
             timer.stop()
-            copy(s.output_block, s.lent_outputs)  # both outputs, one copy
-            if msg.get("last"):
-                copy(s.input_block, s.lent_inputs)  # as the last call left them: the judge checks they are intact
             ms = timer.finish()
         except BaseException as exc:  # noqa: BLE001
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise CandidateError("runtime", f"fn() raised:\n{tail()}") from None
         return {"ms": ms[0]}
-
-    @functools.cached_property
-    def copy(self):
-        """Block copies between lent buffers and this process's memory. On a GPU they run as
-        a kernel over 32-bit words: a memcpy involving IPC memory may take a staged path far
-        slower than a kernel's own loads and stores."""
-        xp = self.be.xp
-        if self.be.device != "cuda":
-            def copy(src, dst):
-                dst[...] = src
-            return copy
-        kernel = xp.ElementwiseKernel("uint32 x", "uint32 y", "y = x", "kda_block_copy")
-
-        def copy(src, dst):
-            kernel(src.view(xp.uint32), dst.view(xp.uint32))
-        return copy
-
-    def _flush(self, nbytes: int):
-        if nbytes <= 0:
-            return None
-        words = max(1, nbytes // 4)  # written as 32-bit words: a byte-wise fill is several times slower
-        if self.flush is None or self.flush.size != words:
-            self.flush = self.be.xp.empty(words, dtype=self.be.xp.uint32)
-        return self.flush
 
 
 class _Timer:

@@ -95,7 +95,7 @@ class HostProcess:
     def __init__(self, arena, judge_pkg: Path, role: str, device: str, log_dir: Path, label: str,
                  cand_dir: Path | None = None, cache_dir: Path | None = None) -> None:
         self.arena, self.label, self.role = arena, label, role
-        self.lent: list = []  # buffers this host may have mapped: freed only once it is gone
+        self.adopted: list = []  # its buffers the judge maps: released only once it is gone
         self.workdir = Path(tempfile.mkdtemp(prefix=f"kda-host-{label}-"))
         shutil.copytree(judge_pkg, self.workdir / "judge", ignore=shutil.ignore_patterns("__pycache__"))
         if cand_dir is not None:
@@ -133,9 +133,16 @@ class HostProcess:
     def candidate_dir(self) -> str:
         return str(self.workdir / "candidate")
 
-    def request(self, msg: dict, fds: list[int] | tuple = (), timeout: float = REPLY_TIMEOUT_S) -> dict:
+    def request(self, msg: dict, timeout: float = REPLY_TIMEOUT_S) -> dict:
+        reply, fds = self.request_fds(msg, timeout)
+        for fd in fds:  # only an alloc hands the judge anything
+            os.close(fd)
+        return reply
+
+    def request_fds(self, msg: dict, timeout: float = REPLY_TIMEOUT_S) -> tuple[dict, list[int]]:
+        """One request; its reply and the descriptors that came with it (the caller's to close)."""
         try:
-            self.chan.send(msg, fds)
+            self.chan.send(msg)
             reply, extra = self.chan.recv(timeout)
         except (ChannelClosed, BrokenPipeError, ConnectionError) as exc:
             raise CandidateError("runtime", f"the {self.label} process died during '{msg.get('op')}' "
@@ -145,12 +152,12 @@ class HostProcess:
                                  f"within {timeout:.0f} s") from None
         except ValueError as exc:  # an unreadable message: the host is not speaking the protocol
             raise CandidateError("runtime", f"the {self.label} process sent a malformed reply: {exc}") from None
-        for fd in extra:  # a host has nothing to hand the judge
-            os.close(fd)
         if reply.get("ok") is not True:
+            for fd in extra:
+                os.close(fd)
             kind = reply.get("kind") if reply.get("kind") in ("import", "runtime", "unavailable") else "runtime"
             raise CandidateError(kind, str(reply.get("message") or "the host reported a failure")[:8000])
-        return reply
+        return reply, extra
 
     def _exit_text(self) -> str:
         try:  # its channel closed: give the process a moment to finish dying
@@ -185,9 +192,9 @@ class HostProcess:
             pass
         self.proc.wait()
         sweep_orphans()
-        for buf in self.lent:
+        for buf in self.adopted:
             self.arena.free(buf)
-        self.lent.clear()
+        self.adopted.clear()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

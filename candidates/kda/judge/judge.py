@@ -299,7 +299,9 @@ class Judge:
             self.report.update(baseline_name=name, baseline_note=note, method=method_text(be, t))
             setup = regime_inputs(be, spec, spec.T, self.seed("timing-setup"))
             null = Session(be, spec, self.arena, trusted, spec.T, setup, which="null")
-            base = None if against else Session(be, spec, self.arena, trusted, spec.T, setup, which="baseline")
+            # The baseline runs in the judge's own host in every run: it is the figure to beat,
+            # or, against an incumbent, the trusted batch that calibrates both sides' weighing.
+            base = Session(be, spec, self.arena, trusted, spec.T, setup, which="baseline")
             one = regime_inputs(be, spec, spec.T, self.seed("null"))
             trials, flags = [], []
             for trial in range(t.trials):
@@ -308,21 +310,24 @@ class Judge:
                             for i in range(n)]
                 makers_c = [lambda i=i, k=trial: regime_inputs(be, spec, spec.T, self.seed(f"timed-{k}", i))
                             for i in range(n)]
+                trusted_batch = base.batch(makers_b, t.flush_bytes)
+                null_batch = null.batch([lambda: one] * n, t.flush_bytes)
+                # The baseline in the judge's own host keeps its times and measures what a
+                # call doing real work costs the protocol beyond a no-op call: the calibration
+                # of the weighing of the candidate and of an incumbent (against) alike.
+                f_trusted = clock_figure(trusted_batch, null_batch, t, trusted=True)
+                cal = (f_trusted.per_call or {}).get("unexplained_ms", 0.0)
                 if against:
                     b_batch, b_checks = self._untrusted_trial("against", makers_b)
                     if not all(c["ok"] for c in b_checks):
                         bad = next(c for c in b_checks if not c["ok"])
                         raise Stop("runtime", f"the incumbent (against) failed its check in timing trial "
                                               f"{trial + 1}: {bad['detail']}")
+                    fb = clock_figure(b_batch, null_batch, t, calibration_ms=cal)
                 else:
-                    b_batch = base.batch(makers_b, t.flush_bytes)
-                null_batch = null.batch([lambda: one] * n, t.flush_bytes)
+                    fb = f_trusted
                 c_batch, c_checks = self._untrusted_trial("candidate", makers_c)
                 self.scored.calls.extend(c_checks)
-                # The baseline in the judge's own host is trusted and calibrates the weighing
-                # of the candidate; an incumbent (against) is weighed like the candidate.
-                fb = clock_figure(b_batch, null_batch, t, trusted=not against)
-                cal = (fb.per_call or {}).get("unexplained_ms", 0.0) if not against else 0.0
                 fc = clock_figure(c_batch, null_batch, t, calibration_ms=cal)
                 trials.append((fb, fc))
                 for who, f in (("baseline", fb), ("kernel", fc)):

@@ -40,6 +40,10 @@ class Timing:
     # per call (the GPU's per-call weighing, beyond the relative slack and the calibration): on the
     # H200 an honest kernel's extra per call came within +0.036 ms of fla's in six trials
     clock_slack_call_ms: float = 0.05
+    # GPU: the judge keeps the GPU busy this long before each call, and the host's stream
+    # waits for it, so a call's kernels are launched while the GPU is busy, as in a model's
+    # stream, and its CUDA events time the GPU's work rather than the launch path.
+    preroll_ms: float = 0.0
 
 
 # Speedups are only comparable against one baseline, so a workload names its own and a
@@ -121,6 +125,7 @@ def parse_spec(raw: dict) -> WorkloadSpec:
         clock_slack_rel=float(td.get("clock_slack_rel", 0.05)),
         clock_slack_ms=float(td.get("clock_slack_ms", 2.0)),
         clock_slack_call_ms=float(td.get("clock_slack_call_ms", 0.05)),
+        preroll_ms=max(0.0, float(td.get("preroll_ms", 0.0))),
     )
     checks = _get(raw, "checks", "")
     baseline = raw.get("baseline", "fla" if device == "cuda" else "reference")

@@ -1,10 +1,10 @@
 """The official figures from timed batches, and which clock they come from.
 
 A timed batch runs `warmup + calls` calls one at a time in one host (host.py): per call the
-judge writes fresh inputs into the lent block, and the host copies them in, poisons the
-outputs, flushes the cache (a buffer of `flush_bytes` written), times the call alone and
-copies its outputs out before answering. On a GPU the time is a pair of CUDA events
-around the call; on the CPU, perf_counter. Those times come from the host's process,
+judge writes fresh inputs into the host's memory, poisons the outputs and flushes the cache
+(a buffer of `flush_bytes` of its own written), and the host times the call alone and
+answers once its work is done. On a GPU the time is a pair of CUDA events around the call;
+on the CPU, the host's CPU time. Those times come from the host's process,
 which the candidate controls; the judge keeps its own clock around each call (from
 writing its inputs to the snapshot of its outputs), sums it over the batch, and runs the
 same batch with a no-op candidate in a trusted host. What the judge saw beyond the no-op batch is the work of the
@@ -12,13 +12,15 @@ calls: the host's times stand only if they account for it within the slack; othe
 judge's own figure is used, and the report says so.
 
 On a GPU the weighing is per call, over the timed calls, by medians: the judge's window of
-a call less the median window of the no-op batch (the protocol's own cost: copies of 0.8 GB
-of inputs, about 6 ms a call on the H200) is what the call cost. Sums over a batch let the
+a call less the median window of the no-op batch (the protocol's own cost: 0.8 GB of inputs
+written and 0.2 GB of outputs snapshot, a few ms a call on the H200) is what the call cost.
+The host does nothing per call but the call, so nothing in that no-op window is a step a
+candidate could skip to make room for understated times (calls.py). Sums over a batch let the
 protocol's noise (a few ms a batch, and a fresh host's first-call costs in its warm-up
 calls) outweigh a 1 ms kernel; a median is not moved by a few slow calls, and a host that
 understates more than half of its calls, the only way to move the median it is scored by,
-shows on the median of its windows. Each call's inputs are lent only inside its own window,
-so no call can do another's work.
+shows on the median of its windows. Each call's inputs are written only inside its own
+window, so no call can do another's work.
 
 On the CPU both clocks are CPU time instead (cpuclock.py): the host's process CPU time per
 call, the judge's reading of every process it started. Wall time on a shared machine is
@@ -132,15 +134,17 @@ def _weighed(n: int, judged_ms: float, null_ms: float, batch, t: Timing, judge_c
 def method_text(be: Backend, t: Timing) -> str:
     mib = t.flush_bytes / 2**20
     if be.device == "cuda":
-        per_call = f"CUDA events around each call on the host's stream (refill, poison, flush {mib:.0f} MiB, start, call, end)"
+        per_call = "CUDA events around each call on the host's stream"
     elif cpuclock.available():
-        per_call = (f"CPU time per call (the host's process CPU clock, every thread; one BLAS thread), "
-                    f"{mib:.0f} MiB buffer written before each call")
+        per_call = "CPU time per call (the host's process CPU clock, every thread; one BLAS thread)"
     else:
-        per_call = (f"perf_counter per call in the host (one BLAS thread; wall time: not in the server's "
-                    f"sandbox), {mib:.0f} MiB buffer written before each call")
+        per_call = "perf_counter per call in the host (one BLAS thread; wall time: not in the server's sandbox)"
+    per_call += (f"; before each call the judge writes its inputs into the host's memory, poisons its "
+                 f"outputs and flushes the cache ({mib:.0f} MiB of its own memory written)")
+    if be.device == "cuda" and t.preroll_ms > 0:
+        per_call += f", then keeps the GPU busy {t.preroll_ms:g} ms while the call's launches queue"
     cpu = be.device != "cuda" and cpuclock.available()
-    return (f"{per_call}, fresh inputs every call, lent only inside its window, every call verified; {t.trials} trials x {t.calls} calls "
+    return (f"{per_call}, fresh inputs every call, written only inside its window, every call verified; {t.trials} trials x {t.calls} calls "
             f"(+{t.warmup} warm-up), baseline and kernel in separate processes, alternating by trial, "
             f"fresh setup per trial; weighed against the judge's own clock"
             + (" (the CPU clocks of every process it started)" if cpu else "")
