@@ -56,9 +56,6 @@ class KernelMetrics(BaseModel):
 class NcuMetrics(BaseModel):
     kernels: list[KernelMetrics] = Field(default_factory=list)
 
-    def by_name(self, name: str) -> list[KernelMetrics]:
-        return [k for k in self.kernels if k.name == name or k.name.startswith(name + "(")]
-
 
 def parse_number(text: str) -> float | None:
     """'1,837,824' -> 1837824.0; '' / 'n/a' / '-' -> None."""

@@ -43,12 +43,6 @@ BUILTIN_RE = re.compile(r"^builtin\.[A-Za-z_][A-Za-z0-9_]*$")
 BLOB_PART_RE = re.compile(r"^blob:([0-9a-f]{64})$")
 RETURN_PART_RE = re.compile(r"^return:(0|[1-9][0-9]*)$")
 
-ERROR_KINDS = (
-    "parse", "compile", "runtime", "gpu_access", "correctness",
-    "serialization", "unavailable", "engine", "timeout",
-)
-
-
 class WireError(ValueError):
     """A malformed request or response (maps to HTTP 400 `parse` on the server)."""
 
@@ -128,9 +122,6 @@ class _Strict(BaseModel):
 
 class Ref(_Strict):
     ref: str = Field(alias="$ref", min_length=1)
-
-    def to_wire(self) -> dict[str, str]:
-        return {"$ref": self.ref}
 
 
 IdStr = Annotated[str, Field(min_length=1)]

@@ -38,10 +38,6 @@ class CompileReport(BaseModel):
     def total_spills(self) -> int | None:
         return sum(k.spill_stores + k.spill_loads for k in self.kernels.values()) if self.kernels else None
 
-    @property
-    def max_smem(self) -> int | None:
-        return max((k.smem_bytes for k in self.kernels.values()), default=None)
-
 
 def nvcc_path() -> str | None:
     return shutil.which("nvcc")

@@ -44,10 +44,6 @@ class PipelineOutcome(BaseModel):
     bench_eval_id: int | None = None
 
 
-class _Cancelled(Exception):
-    pass
-
-
 def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
     """Run `fn`, waiting out transport trouble; any other error becomes a failed result."""
     def not_cancelled(exc: BaseException) -> bool:
