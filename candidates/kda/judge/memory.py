@@ -62,14 +62,13 @@ class Buffer:
         return arr, {"buf": self.id, "offset": offset, "shape": list(shape), "dtype": dtype_name(dt)}
 
 
-def place(block, desc: dict, block_offset: int = 0):
-    """The array a descriptor names, as a view of `block`: a uint8 copy (or the whole) of
-    the lent buffer whose byte 0 is the buffer's byte `block_offset`."""
+def place(base, desc: dict):
+    """The array a descriptor names, as a view of a buffer's whole uint8 array."""
     dt = DTYPES[desc["dtype"]]
     shape = tuple(int(x) for x in desc["shape"])
-    off = int(desc["offset"]) - block_offset
+    off = int(desc["offset"])
     n = int(np.prod(shape)) * dt.itemsize
-    return block[off:off + n].view(dt).reshape(shape)
+    return base[off:off + n].view(dt).reshape(shape)
 
 
 def plan_bytes(layout: list[tuple[tuple[int, ...], Any]]) -> int:
