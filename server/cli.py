@@ -14,46 +14,73 @@ import uvicorn
 from .app import build_app
 from .auth import BearerAuth, public_token_problem
 from .config import ServerConfig
+from .sandbox import SandboxMode
 from .joinconfig import RouterJoin
 from .engine import Engine
 from . import reqlog
 from .reqlog import log_event
 
 
+def _default(field: str) -> Any:
+    """A setting's default, from ServerConfig: the one place it is written."""
+    value = ServerConfig.model_fields[field].default
+    return value.value if isinstance(value, SandboxMode) else value
+
+
+def _shown(field: str) -> str:
+    """The default as a help text shows it (sizes in GiB)."""
+    value = _default(field)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 30 and value % (1 << 30) == 0:
+        return f"{value >> 30} GiB"
+    return str(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kcoral-server", description="KCoral benchmark server")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1); non-loopback needs a token")
-    p.add_argument("--port", type=int, default=8901, help="port (default 8901; 0 picks a free one, logged at start)")
+    p.add_argument("--host", default=_default("host"),
+                   help=f"address to bind (default {_shown('host')}); non-loopback needs a token")
+    p.add_argument("--port", type=int, default=_default("port"),
+                   help=f"port (default {_shown('port')}; 0 picks a free one, logged at start)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--gpus", help="comma-separated GPU indices (default: every visible GPU)")
     g.add_argument("--cpu-workers", type=int, help="run N CPU workers and no GPU")
-    g.add_argument("--virtual-gpus", type=int, default=0,
+    g.add_argument("--virtual-gpus", type=int, default=_default("virtual_gpus"),
                    help="TEST ONLY: N fake GPUs served by NumPy workers, to exercise leases without hardware")
-    p.add_argument("--workers-per-gpu", type=int, default=1, help="workers per GPU (default 1)")
+    p.add_argument("--workers-per-gpu", type=int, default=_default("workers_per_gpu"),
+                   help=f"workers per GPU (default {_shown('workers_per_gpu')})")
     p.add_argument("--token-file", help="file holding the bearer token (else $KCORAL_SERVER_TOKEN)")
     p.add_argument("--state-dir", help="folder for the idempotency journal and the generated holdout salt")
     p.add_argument("--holdout-salt-file", help="file holding the holdout salt (else generated)")
-    p.add_argument("--max-request-bytes", type=int, default=2 << 30, help="largest request body (default 2 GiB)")
-    p.add_argument("--max-response-bytes", type=int, default=4 << 30, help="largest result payload (default 4 GiB)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a worker before 503 (default 64)")
-    p.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request waits for a worker before 503")
-    p.add_argument("--blob-cache-bytes", type=int, default=8 << 30, help="blob cache capacity (default 8 GiB)")
+    p.add_argument("--max-request-bytes", type=int, default=_default("max_request_bytes"),
+                   help=f"largest request body (default {_shown('max_request_bytes')})")
+    p.add_argument("--max-response-bytes", type=int, default=_default("max_response_bytes"),
+                   help=f"largest result payload (default {_shown('max_response_bytes')})")
+    p.add_argument("--max-queue", type=int, default=_default("max_queue"),
+                   help=f"requests that may wait for a worker before 503 (default {_shown('max_queue')})")
+    p.add_argument("--queue-timeout", type=float, default=_default("queue_timeout_seconds"),
+                   help=f"seconds a request waits for a worker before 503 (default {_shown('queue_timeout_seconds')})")
+    p.add_argument("--blob-cache-bytes", type=int, default=_default("blob_cache_bytes"),
+                   help=f"blob cache capacity (default {_shown('blob_cache_bytes')})")
     p.add_argument("--blob-dir", help="parent folder of the blob cache (default: /dev/shm if roomy, else $TMPDIR)")
     p.add_argument("--work-dir", help="parent folder of request workspaces (default: /dev/shm if roomy, else $TMPDIR)")
-    p.add_argument("--journal-retention", type=float, default=3600.0, help="seconds an outcome stays replayable (default 3600)")
-    p.add_argument("--journal-max-bytes", type=int, default=1 << 30,
-                   help="bytes of stored outcomes kept for replay; the oldest go first (default 1 GiB)")
-    p.add_argument("--sandbox", choices=["bwrap", "none"], default="bwrap",
+    p.add_argument("--journal-retention", type=float, default=_default("journal_retention_seconds"),
+                   help=f"seconds an outcome stays replayable (default {_shown('journal_retention_seconds')})")
+    p.add_argument("--journal-max-bytes", type=int, default=_default("journal_max_bytes"),
+                   help=f"bytes of stored outcomes kept for replay; the oldest go first (default {_shown('journal_max_bytes')})")
+    p.add_argument("--sandbox", choices=[m.value for m in SandboxMode], default=_default("sandbox"),
                    help="isolation of each request: a bubblewrap sandbox (default), or none (programs run "
                         "as the server's uid and can reach the server; only for trusted clients)")
-    p.add_argument("--sandbox-uid", type=int, default=2_000_000_000,
-                   help="as root: worker slot i runs programs as uid/gid SANDBOX_UID+i (default 2000000000)")
-    p.add_argument("--max-memory-bytes", type=int, default=2 << 30,
-                   help="address space a request may add to its preloaded worker, RLIMIT_AS (default 2 GiB; 0: none; not on GPU workers)")
-    p.add_argument("--max-processes", type=int, default=256, help="processes per request, RLIMIT_NPROC (default 256)")
-    p.add_argument("--max-file-bytes", type=int, default=1 << 30, help="largest file a request writes (default 1 GiB)")
-    p.add_argument("--workspace-bytes", type=int, default=2 << 30,
-                   help="size of a request's tmpfs: its workspace, /tmp and /dev/shm (default 2 GiB)")
+    p.add_argument("--sandbox-uid", type=int, default=_default("sandbox_uid"),
+                   help=f"as root: worker slot i runs programs as uid/gid SANDBOX_UID+i (default {_shown('sandbox_uid')})")
+    p.add_argument("--max-memory-bytes", type=int, default=_default("max_memory_bytes"),
+                   help=f"address space a request may add to its preloaded worker, RLIMIT_AS "
+                        f"(default {_shown('max_memory_bytes')}; 0: none; not on GPU workers)")
+    p.add_argument("--max-processes", type=int, default=_default("max_processes"),
+                   help=f"processes per request, RLIMIT_NPROC (default {_shown('max_processes')})")
+    p.add_argument("--max-file-bytes", type=int, default=_default("max_file_bytes"),
+                   help=f"largest file a request writes (default {_shown('max_file_bytes')})")
+    p.add_argument("--workspace-bytes", type=int, default=_default("workspace_bytes"),
+                   help=f"size of a request's tmpfs: its workspace, /tmp and /dev/shm (default {_shown('workspace_bytes')})")
     r = p.add_argument_group("joining a router (pip install 'kcoral-evolve[router]')")
     r.add_argument("--router", metavar="URL",
                    help="join this KCoral router (e.g. http://10.0.0.5:9000) as a node: slots are dialled "
