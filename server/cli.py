@@ -35,52 +35,43 @@ def _shown(field: str) -> str:
     return str(value)
 
 
+def _setting(p: argparse.ArgumentParser | Any, flag: str, field: str, kind: type, text: str, note: str = "") -> None:
+    """A flag for a ServerConfig field: its default from there, shown in its help."""
+    p.add_argument(flag, type=kind, default=_default(field), help=f"{text} (default {_shown(field)}{note})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kcoral-server", description="KCoral benchmark server")
-    p.add_argument("--host", default=_default("host"),
-                   help=f"address to bind (default {_shown('host')}); non-loopback needs a token")
-    p.add_argument("--port", type=int, default=_default("port"),
-                   help=f"port (default {_shown('port')}; 0 picks a free one, logged at start)")
+    _setting(p, "--host", "host", str, "address to bind", "; non-loopback needs a token")
+    _setting(p, "--port", "port", int, "port", "; 0 picks a free one, logged at start")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--gpus", help="comma-separated GPU indices (default: every visible GPU)")
     g.add_argument("--cpu-workers", type=int, help="run N CPU workers and no GPU")
-    g.add_argument("--virtual-gpus", type=int, default=_default("virtual_gpus"),
-                   help="TEST ONLY: N fake GPUs served by NumPy workers, to exercise leases without hardware")
-    p.add_argument("--workers-per-gpu", type=int, default=_default("workers_per_gpu"),
-                   help=f"workers per GPU (default {_shown('workers_per_gpu')})")
+    _setting(g, "--virtual-gpus", "virtual_gpus", int,
+             "TEST ONLY: N fake GPUs served by NumPy workers, to exercise leases without hardware")
+    _setting(p, "--workers-per-gpu", "workers_per_gpu", int, "workers per GPU")
     p.add_argument("--token-file", help="file holding the bearer token (else $KCORAL_SERVER_TOKEN)")
     p.add_argument("--state-dir", help="folder for the idempotency journal and the generated holdout salt")
     p.add_argument("--holdout-salt-file", help="file holding the holdout salt (else generated)")
-    p.add_argument("--max-request-bytes", type=int, default=_default("max_request_bytes"),
-                   help=f"largest request body (default {_shown('max_request_bytes')})")
-    p.add_argument("--max-response-bytes", type=int, default=_default("max_response_bytes"),
-                   help=f"largest result payload (default {_shown('max_response_bytes')})")
-    p.add_argument("--max-queue", type=int, default=_default("max_queue"),
-                   help=f"requests that may wait for a worker before 503 (default {_shown('max_queue')})")
-    p.add_argument("--queue-timeout", type=float, default=_default("queue_timeout_seconds"),
-                   help=f"seconds a request waits for a worker before 503 (default {_shown('queue_timeout_seconds')})")
-    p.add_argument("--blob-cache-bytes", type=int, default=_default("blob_cache_bytes"),
-                   help=f"blob cache capacity (default {_shown('blob_cache_bytes')})")
+    _setting(p, "--max-request-bytes", "max_request_bytes", int, "largest request body")
+    _setting(p, "--max-response-bytes", "max_response_bytes", int, "largest result payload")
+    _setting(p, "--max-queue", "max_queue", int, "requests that may wait for a worker before 503")
+    _setting(p, "--queue-timeout", "queue_timeout_seconds", float, "seconds a request waits for a worker before 503")
+    _setting(p, "--blob-cache-bytes", "blob_cache_bytes", int, "blob cache capacity")
     p.add_argument("--blob-dir", help="parent folder of the blob cache (default: /dev/shm if roomy, else $TMPDIR)")
     p.add_argument("--work-dir", help="parent folder of request workspaces (default: /dev/shm if roomy, else $TMPDIR)")
-    p.add_argument("--journal-retention", type=float, default=_default("journal_retention_seconds"),
-                   help=f"seconds an outcome stays replayable (default {_shown('journal_retention_seconds')})")
-    p.add_argument("--journal-max-bytes", type=int, default=_default("journal_max_bytes"),
-                   help=f"bytes of stored outcomes kept for replay; the oldest go first (default {_shown('journal_max_bytes')})")
+    _setting(p, "--journal-retention", "journal_retention_seconds", float, "seconds an outcome stays replayable")
+    _setting(p, "--journal-max-bytes", "journal_max_bytes", int,
+             "bytes of stored outcomes kept for replay; the oldest go first")
     p.add_argument("--sandbox", choices=[m.value for m in SandboxMode], default=_default("sandbox"),
                    help="isolation of each request: a bubblewrap sandbox (default), or none (programs run "
                         "as the server's uid and can reach the server; only for trusted clients)")
-    p.add_argument("--sandbox-uid", type=int, default=_default("sandbox_uid"),
-                   help=f"as root: worker slot i runs programs as uid/gid SANDBOX_UID+i (default {_shown('sandbox_uid')})")
-    p.add_argument("--max-memory-bytes", type=int, default=_default("max_memory_bytes"),
-                   help=f"address space a request may add to its preloaded worker, RLIMIT_AS "
-                        f"(default {_shown('max_memory_bytes')}; 0: none; not on GPU workers)")
-    p.add_argument("--max-processes", type=int, default=_default("max_processes"),
-                   help=f"processes per request, RLIMIT_NPROC (default {_shown('max_processes')})")
-    p.add_argument("--max-file-bytes", type=int, default=_default("max_file_bytes"),
-                   help=f"largest file a request writes (default {_shown('max_file_bytes')})")
-    p.add_argument("--workspace-bytes", type=int, default=_default("workspace_bytes"),
-                   help=f"size of a request's tmpfs: its workspace, /tmp and /dev/shm (default {_shown('workspace_bytes')})")
+    _setting(p, "--sandbox-uid", "sandbox_uid", int, "as root: worker slot i runs programs as uid/gid SANDBOX_UID+i")
+    _setting(p, "--max-memory-bytes", "max_memory_bytes", int,
+             "address space a request may add to its preloaded worker, RLIMIT_AS", "; 0: none; not on GPU workers")
+    _setting(p, "--max-processes", "max_processes", int, "processes per request, RLIMIT_NPROC")
+    _setting(p, "--max-file-bytes", "max_file_bytes", int, "largest file a request writes")
+    _setting(p, "--workspace-bytes", "workspace_bytes", int, "size of a request's tmpfs: its workspace, /tmp and /dev/shm")
     r = p.add_argument_group("joining a router (pip install 'kcoral-evolve[router]')")
     r.add_argument("--router", metavar="URL",
                    help="join this KCoral router (e.g. http://10.0.0.5:9000) as a node: slots are dialled "
