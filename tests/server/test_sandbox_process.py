@@ -23,9 +23,8 @@ def test_waiters_share_one_reaping_and_close_the_pidfd_once(policy, tmp_path) ->
     # A worker's sandbox is waited for by whoever disposes of it, sometimes twice at once
     # (its release and a kill). Each wait closed the pidfd: the second close took the
     # number another request's descriptor had been given meanwhile (EBADF there).
-    async def main() -> int:
+    async def main() -> None:
         box = await SandboxProcess.start(policy, gpu=False)
-        pidfd = box._pidfd
         box.kill()
         first = asyncio.ensure_future(box.wait())
         second = asyncio.ensure_future(box.wait())
@@ -38,6 +37,5 @@ def test_waiters_share_one_reaping_and_close_the_pidfd_once(policy, tmp_path) ->
             os.fstat(reused)  # still open: nobody closed it behind our back
         finally:
             os.close(reused)
-        return pidfd
 
     asyncio.run(main())

@@ -27,7 +27,6 @@ Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "
 from __future__ import annotations
 
 import ctypes
-import functools
 import resource
 import socket
 import sys

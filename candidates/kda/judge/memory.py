@@ -47,9 +47,6 @@ class Buffer:
     _mm: Any = None
     _used: int = 0
 
-    def info(self) -> dict:
-        return {"id": self.id, "nbytes": self.nbytes, "ipc": self.ipc}
-
     def take(self, shape, dtype) -> tuple[Any, dict]:
         """A fresh view of `shape` and `dtype` in this buffer, and its descriptor."""
         dt = np.dtype(dtype)
