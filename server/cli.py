@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(p, "--max-processes", "max_processes", int, "processes per request, RLIMIT_NPROC")
     _setting(p, "--max-file-bytes", "max_file_bytes", int, "largest file a request writes")
     _setting(p, "--workspace-bytes", "workspace_bytes", int, "size of a request's tmpfs: its workspace, /tmp and /dev/shm")
+    p.add_argument("--no-pin-cpus", dest="pin_cpus", action="store_false", default=_default("pin_cpus"),
+                   help="let every request run on every CPU (default: each worker slot's programs run on "
+                        "their own share of the server's CPUs, so one request's forks cannot starve the rest)")
     r = p.add_argument_group("joining a router (pip install 'kcoral-evolve[router]')")
     r.add_argument("--router", metavar="URL",
                    help="join this KCoral router (e.g. http://10.0.0.5:9000) as a node: slots are dialled "
@@ -150,7 +153,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         journal_max_bytes=args.journal_max_bytes,
         token_file=args.token_file, sandbox=args.sandbox, sandbox_uid=args.sandbox_uid,
         max_memory_bytes=args.max_memory_bytes, max_processes=args.max_processes,
-        max_file_bytes=args.max_file_bytes, workspace_bytes=args.workspace_bytes,
+        max_file_bytes=args.max_file_bytes, workspace_bytes=args.workspace_bytes, pin_cpus=args.pin_cpus,
         node_id=args.node_id if args.router else None, node_token_file=args.node_token_file,
     )
 

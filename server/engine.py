@@ -29,7 +29,7 @@ from .holdout import SALT_FILE_NAME, HoldoutSalt
 from .joinconfig import NodeStatus
 from .journal import Journal, StoredResponse
 from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
-from . import privs
+from . import cpusets, privs
 from .pool import WorkerHandle, WorkerPool, WorkerRun, WorkerSpec
 from .reqlog import log_event, log_request
 from .sandbox import SandboxLimits, SandboxMode, SandboxPolicy
@@ -115,6 +115,11 @@ class Engine:
 
     # ------------------------------------------------------------------ setup
     def _plan(self) -> tuple[list[WorkerSpec], list[int], str]:
+        specs, gpus, backend = self._workers()
+        shares = cpusets.partition(cpusets.available(), len(specs)) if self.config.pin_cpus else [()] * len(specs)
+        return [dataclasses.replace(s, slot=i, cpus=cpus) for i, (s, cpus) in enumerate(zip(specs, shares))], gpus, backend
+
+    def _workers(self) -> tuple[list[WorkerSpec], list[int], str]:
         c = self.config
         if c.virtual_gpus:
             gpus, backend = list(range(c.virtual_gpus)), "virtual"
@@ -126,8 +131,7 @@ class Engine:
             if not gpus:
                 n = max(1, min(4, os.cpu_count() or 1))
                 return [WorkerSpec(f"cpu/w{i}", None, "cpu") for i in range(n)], [], "cpu"
-        specs = [WorkerSpec(f"gpu{g}/w{k}", g, backend) for g in gpus for k in range(c.workers_per_gpu)]
-        return [dataclasses.replace(s, slot=i) for i, s in enumerate(specs)], gpus, backend
+        return [WorkerSpec(f"gpu{g}/w{k}", g, backend) for g in gpus for k in range(c.workers_per_gpu)], gpus, backend
 
     def _sandbox_policy(self) -> SandboxPolicy:
         """The sandbox every request runs in; refuses to start unsandboxed unless told to."""

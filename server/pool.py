@@ -37,6 +37,7 @@ class WorkerSpec:
     gpu_id: int | None  # None: a CPU worker
     backend: str         # "cpu" | "virtual" | "gpu"
     slot: int = 0        # index among the server's workers (as root: picks the sandbox uid)
+    cpus: tuple[int, ...] = ()  # the CPUs its programs run on (empty: any)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class WorkerHandle:
                 "verify_blobs": self.sandbox.uid_for(self.spec.slot) is None,
                 "limits": {"memory_bytes": 0 if self.spec.backend == "gpu" else self.sandbox.limits.memory_bytes,
                            "processes": self.sandbox.limits.processes, "file_bytes": self.sandbox.limits.file_bytes},
+                "cpus": list(self.spec.cpus),
             }
             if sandboxed:
                 uid = self.sandbox.uid_for(self.spec.slot)
@@ -510,5 +512,5 @@ class WorkerPool:
             status = w.status if w is not None and w.status in ("idle", "busy") else "starting"
             out.append({"worker_id": slot.spec.worker_id, "gpu_id": slot.spec.gpu_id, "status": status,
                         "uptime_seconds": round(now - w.started_at, 3) if w else 0.0,
-                        "pid": w.pid if w else None})
+                        "pid": w.pid if w else None, "cpus": list(slot.spec.cpus) or None})
         return out

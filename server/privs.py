@@ -102,23 +102,28 @@ _SECCOMP_MODE_FILTER = 2
 _RET_ALLOW = 0x7FFF0000
 _RET_EPERM = 0x00050000 | 1
 _LD_ABS_W, _JEQ_K, _RET_K = 0x20, 0x15, 0x06
-# (audit arch, setsid syscall numbers) of the architectures we filter on.
-_SETSID = {"x86_64": (0xC000003E, (112, 0x40000000 | 112)), "aarch64": (0xC00000B7, (157,))}
+# Per architecture: (audit arch, the numbers of setsid and sched_setaffinity; x86_64's
+# x32 ABI numbers them again with bit 30 set).
+_CONFINED = {"x86_64": (0xC000003E, (112, 0x40000000 | 112, 203, 0x40000000 | 203)),
+             "aarch64": (0xC00000B7, (157, 122))}
 
 
-def forbid_new_sessions() -> bool:
-    """setsid() fails with EPERM from now on, in this process and its descendants.
+def confine_scheduling() -> bool:
+    """setsid() and sched_setaffinity() fail with EPERM from now on, in this process and
+    its descendants.
 
-    The scheduler shares CPU fairly between sessions (autogroups): a request whose
-    processes cannot leave its worker's session gets one share however many it forks.
-    Needs no-new-privs first. False where the architecture is not known here."""
-    arch = _SETSID.get(os.uname().machine)
+    Two things bound a request's CPU share however many processes it forks: its worker's
+    session (the scheduler shares CPU fairly between sessions, autogroups, where the server
+    runs in the root cgroup) and its slot's CPUs (everywhere else: in a container's cgroup
+    autogroups do nothing). Neither may be left. Needs no-new-privs first. False where the
+    architecture is not known here."""
+    arch = _CONFINED.get(os.uname().machine)
     if arch is None:
         return False
     audit, numbers = arch
     n = len(numbers)
     # Jumps are relative to the next instruction: [0] load arch, [1] other arch -> allow,
-    # [2] load syscall number, [3..2+n] setsid -> deny, [3+n] allow, [4+n] deny.
+    # [2] load syscall number, [3..2+n] a confined call -> deny, [3+n] allow, [4+n] deny.
     prog = [_SockFilter(_LD_ABS_W, 0, 0, 4), _SockFilter(_JEQ_K, 0, 1 + n, audit), _SockFilter(_LD_ABS_W, 0, 0, 0)]
     prog += [_SockFilter(_JEQ_K, n - i, 0, nr) for i, nr in enumerate(numbers)]
     prog += [_SockFilter(_RET_K, 0, 0, _RET_ALLOW), _SockFilter(_RET_K, 0, 0, _RET_EPERM)]

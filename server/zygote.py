@@ -294,11 +294,13 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
             privs.set_dumpable(True)
         elif spec.get("userns"):
             privs.drop_capabilities()
+        if spec.get("cpus"):
+            os.sched_setaffinity(0, spec["cpus"])
         privs.set_no_new_privs()
         if spec.get("init_pid"):
-            # Every process of the request stays in this session, so the scheduler's
-            # per-session fairness bounds the request's CPU share however many it forks.
-            privs.forbid_new_sessions()
+            # Every process of the request stays in this session and on its slot's CPUs,
+            # which bounds its CPU share however many processes it forks (cpusets.py).
+            privs.confine_scheduling()
         os.environ.clear()
         os.environ.update(spec["env"])
         from .worker import serve

@@ -493,6 +493,25 @@ HOSTILE = (
 )
 
 
+def test_a_request_stays_on_its_slots_cpus() -> None:
+    # Inside a container's cgroup the scheduler's per-session fairness does nothing, and a
+    # request's CPU burners cut the others' throughput to a seventh on a 16-core machine.
+    # Each slot now has its own CPUs; a program (or its child) cannot widen its share.
+    probe = ("import os\ndef main():\n    mine = sorted(os.sched_getaffinity(0))\n"
+             "    try:\n        os.sched_setaffinity(0, range(os.cpu_count()))\n        widened = True\n"
+             "    except OSError:\n        widened = False\n"
+             "    child = os.fork()\n    if child == 0:\n        try:\n            os.sched_setaffinity(0, range(os.cpu_count()))\n"
+             "            os._exit(1)\n        except OSError:\n            os._exit(0)\n"
+             "    return [mine, widened, os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), sorted(os.sched_getaffinity(0))]\n")
+    with ServerProcess(["--cpu-workers", "2"], env={"KCORAL_SERVER_TOKEN": TOKEN}) as srv:
+        shares = [tuple(w["cpus"]) for w in srv.health()["workers"]]
+        assert all(shares) and set(shares[0]).isdisjoint(shares[1]) or len(os.sched_getaffinity(0)) == 1, shares
+        for _ in range(4):
+            mine, widened, child_widened, after = _run(srv, probe).raise_for_failure().results["out"]
+            assert tuple(mine) in shares and after == mine
+            assert not widened and child_widened == 0
+
+
 def _good_throughput(url: str, clients: int, seconds: float) -> float:
     done = [0] * clients
     stop = time.monotonic() + seconds
