@@ -43,7 +43,7 @@ class Bookkeeper:
 
     def __init__(self, url: str, tag: str) -> None:
         self.pop = Population(open_database(url))
-        self.wid = self.pop.ensure_workload("bench_workload", "candidates/kda/bench_workload")
+        self.wid = self.pop.ensure_workload("bench_workload", "kcoral/workloads/kda/bench_workload")
         runs = [r for r in self.pop.runs(self.wid) if r.state == "running"]
         self.run = runs[0].id if runs else self.pop.start_run(self.wid, {}, "benchmark")
         self.worker = self.pop.join_run(self.run)

@@ -1,7 +1,7 @@
 """Wall time and figures of the official benchmark (`kcoral bench`), run N times.
 
     python benchmarks/judge_bench.py                      # the CPU twin's reference, local CPU server
-    python benchmarks/judge_bench.py --remote URL --workload candidates/kda/forward_b1_t8192_h96 \\
+    python benchmarks/judge_bench.py --remote URL --workload kcoral/workloads/kda/forward_b1_t8192_h96 \\
         --candidate DIR --repeat 1 --json out.json
 
 Prints one row per bench: wall seconds seen by the client, the judge's own seconds,
@@ -29,7 +29,7 @@ from server_roundtrip import LocalServer  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--remote", help="an existing server (default: start a local CPU server)")
-    ap.add_argument("--workload", default=str(ROOT / "candidates/kda/forward_cpu_small"))
+    ap.add_argument("--workload", default=str(ROOT / "kcoral/workloads/kda/forward_cpu_small"))
     ap.add_argument("--candidate", default="scratch/reference")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)

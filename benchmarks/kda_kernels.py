@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy
 
 REPO = Path(__file__).resolve().parents[1]
-TEMPLATES = REPO / "templates" / "kda"
+TEMPLATES = REPO / "evolve" / "templates" / "kda"
 sys.path.insert(0, str(TEMPLATES / "common"))
 
 import cupy  # noqa: E402

@@ -52,7 +52,7 @@ def fill(pop: Population, workload_id: int, n_evaluations: int, seed: int = 7) -
                     "family": rng.choice(("two_pass", "fused", "chunked")),
                     "params": {"chunk": rng.choice((32, 64)), "v_block": rng.choice((32, 64, 128))},
                     "digest": f"{i:064x}",
-                    "directory": f"candidates/kda/bench/gen/{i:064x}",
+                    "directory": f"kcoral/workloads/kda/bench/gen/{i:064x}",
                     "generation": i // 100,
                     "created_at": start + timedelta(seconds=i),
                     "claimed_at": start + timedelta(seconds=i),   # every one has evaluations below
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         url = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
     pop = Population(open_database(url))
-    wid = pop.ensure_workload("bench_workload", "candidates/kda/bench_workload")
+    wid = pop.ensure_workload("bench_workload", "kcoral/workloads/kda/bench_workload")
     t0 = time.perf_counter()
     n_candidates = fill(pop, wid, args.evaluations)
     if pop.db.is_postgresql:

@@ -29,7 +29,7 @@ from evolve.population import NewCandidate, Population, StageResult  # noqa: E40
 from evolve.render import render_candidate  # noqa: E402
 from evolve.strategies import EvolutionStrategy, Parent, SearchState, point_key  # noqa: E402
 
-FAMILY = REPO / "templates" / "kda" / "numpy_chunked"
+FAMILY = REPO / "evolve" / "templates" / "kda" / "numpy_chunked"
 
 
 def timed(fn, repeat: int) -> list[float]:
@@ -62,7 +62,7 @@ def main() -> int:
         rows.append(row("enumerate the space (%d points)" % len(points), timed(lambda: list(fam.points()), 10)))
 
         pop = Population(open_database(f"sqlite:///{tmp / 'bench.db'}"))
-        wid = pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small")
+        wid = pop.ensure_workload("forward_cpu_small", "kcoral/workloads/kda/forward_cpu_small")
         parents = [Parent(id=i + 1, family=fam.name, params=rng.choice(points), speedup=rng.random() * 3)
                    for i in range(args.population)]
         state = SearchState(correct=parents, tried={point_key(fam.name, fam.defaults)})  # past the seed

@@ -27,7 +27,7 @@ from tests.router.routerproc import RouterProcess, extract_router, our_node  # n
 
 CONFIG = """
 root = "{repo}"
-workload = "candidates/kda/forward_cpu_small"
+workload = "kcoral/workloads/kda/forward_cpu_small"
 output_dir = "{tmp}/gen"
 
 [[families]]

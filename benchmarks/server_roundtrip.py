@@ -43,14 +43,14 @@ extern "C" __global__ void saxpy(float a, const float* x, const float* y, float*
 
 
 class LocalServer:
-    """`python -m server --cpu-workers N` on a free loopback port."""
+    """`python -m kcoral_server --cpu-workers N` on a free loopback port."""
 
     def __init__(self, workers: int, extra: list[str]) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="kcoral-bench-", suffix=".log", delete=False)
         root = Path(__file__).resolve().parent.parent
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "--port", "0", "--cpu-workers", str(workers), *extra],
+            [sys.executable, "-m", "kcoral_server", "--port", "0", "--cpu-workers", str(workers), *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
         self.url = ""
         deadline = time.monotonic() + 60

@@ -1,7 +1,10 @@
 """The run configuration (a TOML file): what to search, how, for how long, and where.
 
 Relative paths in a config resolve against `root`, which itself is relative to the
-config file's folder (configs in `configs/` say `root = ".."`, the repository root).
+config file's folder. The workload and the families may be named instead: a built-in
+workload (kcoral.workloads) or family (evolve.builtin) of that name is used when no folder
+of one's own is at that path. Rendered candidates go to `gen/<workload>` in the working
+directory, beside the database, unless `output_dir` says otherwise.
 """
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kcoral import workloads
+
+from evolve import builtin
 from evolve.families import Family, Value, load_family
 from evolve.tomlfile import load_toml_model
 
@@ -27,7 +33,7 @@ class _Strict(BaseModel):
 
 class FamilyChoice(_Strict):
     name: str
-    path: str | None = None                    # default: templates/kda/<name>
+    path: str | None = None                    # default: the built-in family of that name
     fixed: dict[str, Value] = Field(default_factory=dict)
     subspace: dict[str, list[Value]] = Field(default_factory=dict)
 
@@ -98,7 +104,7 @@ class RemoteConfig(_Strict):
 class RunConfig(_Strict):
     root: str = "."
     workload: str
-    output_dir: str | None = None              # rendered candidates; default <workload>/gen
+    output_dir: str | None = None              # rendered candidates; default gen/<workload> in the working directory
     families: list[FamilyChoice] = Field(min_length=1)
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
@@ -143,7 +149,10 @@ class RunConfig(_Strict):
 
     @property
     def workload_dir(self) -> Path:
-        return self.resolve(self.workload)
+        try:
+            return workloads.resolve(self.workload, base=self.root_dir)
+        except workloads.WorkloadNotFound as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def workload_name(self) -> str:
@@ -151,7 +160,8 @@ class RunConfig(_Strict):
 
     @property
     def gen_dir(self) -> Path:
-        return self.resolve(self.output_dir) if self.output_dir else self.workload_dir / "gen"
+        # Not beside the workload: a built-in one lives in the installed package.
+        return self.resolve(self.output_dir) if self.output_dir else (Path.cwd() / "gen" / self.workload_name).resolve()
 
     def enabled_stages(self) -> list[str]:
         return [s for s in STAGES if self.stages[s].enabled]
@@ -160,7 +170,10 @@ class RunConfig(_Strict):
         """Each configured family, restricted to its fixed values and subspace."""
         out: dict[str, Family] = {}
         for choice in self.families:
-            directory = self.resolve(choice.path or f"templates/kda/{choice.name}")
+            directory = self.resolve(choice.path) if choice.path else builtin.family_dir(choice.name)
+            if directory is None:
+                raise ConfigError(f"no built-in family {choice.name!r} (built-in: {', '.join(builtin.families())}); "
+                                  "give its folder as path")
             family = load_family(directory)
             if family.name != choice.name:
                 raise ConfigError(f"family at {directory} is named {family.name!r}, not {choice.name!r}")
@@ -182,11 +195,12 @@ class RunConfig(_Strict):
 
 
 def load_config(path: str | Path) -> RunConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config {path} not found")
-    cfg = load_toml_model(path, RunConfig, ConfigError, root="config")
-    cfg.base_dir = path.resolve().parent
-    if not cfg.workload_dir.is_dir():
-        raise ConfigError(f"{path}: workload folder {cfg.workload_dir} not found")
+    """A config file, or a built-in config's name (evolve.builtin: kda-cpu-small, kda-h200)."""
+    found = builtin.config_path(path)
+    if found is None:
+        raise ConfigError(f"config {path} not found (no such file, and the built-in configs are "
+                          f"{', '.join(builtin.configs())})")
+    cfg = load_toml_model(found, RunConfig, ConfigError, root="config")
+    cfg.base_dir = found.resolve().parent
+    cfg.workload_dir  # noqa: B018 - raises ConfigError for a workload that is neither a folder nor built in
     return cfg

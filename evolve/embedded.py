@@ -1,4 +1,4 @@
-"""An embedded benchmark server for runs with no --remote: `python -m server` on loopback
+"""An embedded benchmark server for runs with no --remote: `python -m kcoral_server` on loopback
 with a free port (CPU workers when this machine has no GPU), stopped at the end."""
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class EmbeddedServer:
 
     def start(self) -> str:
         port = free_port()
-        cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), *self.extra_args]
+        cmd = [sys.executable, "-m", "kcoral_server", "--host", "127.0.0.1", "--port", str(port), *self.extra_args]
         if not has_gpu():
             cmd += ["--cpu-workers", str(self.cpu_workers)]
         self._logdir = tempfile.mkdtemp(prefix="evolve-server-")

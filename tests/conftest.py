@@ -12,7 +12,7 @@ from tests.serverproc import ServerProcess
 
 @pytest.fixture(scope="session")
 def cpu_server():
-    """One `python -m server --cpu-workers 2` for the whole session (read-only use)."""
+    """One `python -m kcoral_server --cpu-workers 2` for the whole session (read-only use)."""
     with ServerProcess(["--cpu-workers", "2"]) as srv:
         yield srv
 

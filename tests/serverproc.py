@@ -1,4 +1,4 @@
-"""Start a real `python -m server` on loopback for tests.
+"""Start a real `python -m kcoral_server` on loopback for tests.
 
     with ServerProcess(["--cpu-workers", "2"]) as srv:
         Client(srv.url).execute(...)
@@ -41,7 +41,7 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         env = {**os.environ, **self.extra_env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
-        args = [sys.executable, "-m", "server", "--host", "127.0.0.1"]
+        args = [sys.executable, "-m", "kcoral_server", "--host", "127.0.0.1"]
         if "--port" not in self.args:
             args += ["--port", "0"]
         self._log = open(self.log_path, "wb")

@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kcoral import workloads
+
 from evolve.commands.jsonout import add_json_flag, emit
 from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.digest import DigestError, source_digest
@@ -19,11 +21,13 @@ class RegisterError(ValueError):
 
 
 def infer_workload(path: Path) -> tuple[str, Path] | None:
-    """(name, workload dir) from a path like .../candidates/kda/<workload>/scratch/x."""
+    """(name, workload dir) from a path like .../<workload>/scratch/<candidate>: agents
+    work in the scratch folder of a workload (kcoral/workloads/kda/<workload>/scratch in
+    the repository, or a copy of a workload folder anywhere)."""
     parts = path.resolve().parts
-    for i in range(len(parts) - 3):
-        if parts[i] == "candidates" and parts[i + 1] == "kda":
-            return parts[i + 2], Path(*parts[: i + 3])
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "scratch":
+            return parts[i - 1], Path(*parts[:i])
     return None
 
 
@@ -49,7 +53,7 @@ def register_candidate(
     if workload is None:
         if inferred is None:
             raise RegisterError(
-                f"can't tell the workload of {path} (not under candidates/kda/<workload>/); pass --workload"
+                f"can't tell the workload of {path} (not under <workload>/scratch/); pass --workload"
             )
         workload, wdir = inferred
         workload_path = display_path(wdir)
@@ -60,7 +64,8 @@ def register_candidate(
         elif inferred is not None and inferred[0] == workload:
             workload_path = display_path(inferred[1])
         else:
-            workload_path = f"candidates/kda/{workload}"
+            builtin = workloads.builtin().get(workload)
+            workload_path = display_path(builtin) if builtin is not None else workload
     wid = pop.ensure_workload(name=workload, path=workload_path)
     directory = display_path(path)
     # The folder held other sources before: this is an edit of that candidate, its child.
@@ -110,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--name", help="short name (default: the directory name)")
     p.add_argument("--author", help="who wrote it (agent or person)")
     p.add_argument("--notes", help="free text: the idea behind it")
-    p.add_argument("--workload", help="workload name (default: from candidates/kda/<workload>/...)")
+    p.add_argument("--workload", help="workload name (default: from <workload>/scratch/... in the path)")
     p.add_argument("--db", help=DB_HELP)
     add_json_flag(p)
     p.set_defaults(func=_run)

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run the search described by a config file",
                               description="Evolutionary search over template families, evaluated on a "
                                           "KCoral server (an embedded one when no --remote is given).")
-    p.add_argument("config", help="run config (TOML), e.g. configs/kda-cpu-small.toml")
+    p.add_argument("config", help="run config: a TOML file, or a built-in config's name (kda-cpu-small, kda-h200)")
     p.add_argument("--remote", default=None, help="KCoral server URL (default: $KCORAL_REMOTE, then the "
                                                    "config's remote.url, else an embedded server)")
     p.add_argument("--db", default=None, help=DB_HELP)

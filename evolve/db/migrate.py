@@ -14,11 +14,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect
 
-import migrations
-
 from .engine import SCHEMA_LOCK, Database
 
 UPGRADE_COMMAND = "evolve db upgrade"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"  # Alembic's env.py and versions/
 
 
 class SchemaVersionError(RuntimeError):
@@ -27,7 +26,7 @@ class SchemaVersionError(RuntimeError):
 
 def alembic_config(url: str | None = None) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("script_location", str(MIGRATIONS))
     if url is not None:
         # ConfigParser interpolation treats % specially (URL-escaped passwords).
         cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -36,7 +35,7 @@ def alembic_config(url: str | None = None) -> Config:
 
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None, "migrations/versions holds no revision"
+    assert head is not None, f"{MIGRATIONS / 'versions'} holds no revision"
     return head
 
 

@@ -1,6 +1,6 @@
 """Typed ORM models of evolve's database (SQLAlchemy 2.0 declarative, Mapped[] columns).
 
-The schema is created and changed only by the Alembic migrations in `migrations/`;
+The schema is created and changed only by the Alembic migrations in `evolve/db/migrations/`;
 these classes describe it for queries. Timestamps are stored as naive UTC and read back
 as timezone-aware UTC (see `UTCDateTime`).
 """

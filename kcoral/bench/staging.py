@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kcoral.archive import pack_directory
+from kcoral import workloads
 
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".git")
 
@@ -42,17 +43,19 @@ class Workload:
 
 
 def load_workload(workload_dir: str | Path) -> Workload:
-    root = Path(workload_dir)
-    spec_path = root / "workload.json"
-    if not spec_path.is_file():
-        raise BenchInputError(f"{root} is not a workload directory: no workload.json")
+    """A workload folder, or the name of a built-in one (kcoral.workloads)."""
+    try:
+        root = workloads.resolve(workload_dir)
+    except workloads.WorkloadNotFound as exc:
+        raise BenchInputError(str(exc)) from None
+    spec_path = root / workloads.SPEC
     try:
         spec = json.loads(spec_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise BenchInputError(f"cannot read {spec_path}: {exc}") from None
     if not isinstance(spec, dict) or "holdout" not in spec or "name" not in spec:
         raise BenchInputError(f"{spec_path}: not a workload spec (needs name and holdout)")
-    # The judge may live in the workload dir or, shared, in its parent (candidates/kda/judge).
+    # The judge may live in the workload dir or, shared, in its parent (kcoral/workloads/kda/judge).
     for judge in (root / "judge", root.parent / "judge"):
         if (judge / "__main__.py").is_file() and (judge / "runner.py").is_file():
             return Workload(root=root, name=str(spec["name"]), spec=spec, judge_dir=judge)

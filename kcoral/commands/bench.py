@@ -1,4 +1,4 @@
-"""`kcoral bench WORKLOAD_DIR CANDIDATE`: the official benchmark (holdout, correctness,
+"""`kcoral bench WORKLOAD CANDIDATE`: the official benchmark (holdout, correctness,
 timing) of one candidate on the server. Exit 0 iff every check passed."""
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ TOOL_FAILURES = {"transport": EXIT_TOOL_FAILURE, "unavailable": EXIT_TOOL_FAILUR
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench", help="official benchmark of a candidate: holdout, correctness, timing",
-        usage="kcoral bench WORKLOAD_DIR CANDIDATE [--remote URL] [--timeout S] [--json] [--against OTHER]")
-    p.add_argument("workload_dir", metavar="WORKLOAD_DIR", help="e.g. candidates/kda/forward_b1_t8192_h96")
+        usage="kcoral bench WORKLOAD CANDIDATE [--remote URL] [--timeout S] [--json] [--against OTHER]")
+    p.add_argument("workload_dir", metavar="WORKLOAD",
+                   help="a workload folder (holds workload.json) or a built-in one's name, e.g. forward_b1_t8192_h96")
     p.add_argument("candidate", metavar="CANDIDATE",
-                   help="candidate dir, relative to WORKLOAD_DIR (scratch/NAME) or a path")
+                   help="candidate dir, relative to the workload folder (scratch/NAME) or a path")
     add_remote_options(p)
     p.add_argument("--timeout", type=float, default=1500, metavar="S", help="time limit in seconds (default 1500)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON instead of the lines")

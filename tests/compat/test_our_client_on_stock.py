@@ -22,7 +22,7 @@ from kcoral.wire import loads_strict, parse_multipart
 from tests.compat.stock_for_client import STOCK_VERSIONS, StockServer, install
 
 REPO = Path(__file__).resolve().parents[2]
-WORKLOAD = REPO / "candidates" / "kda" / "forward_cpu_small"
+WORKLOAD = REPO / "kcoral" / "workloads" / "kda" / "forward_cpu_small"
 MODULE = '''
 import os
 

@@ -38,7 +38,7 @@ def open_fresh(url: str, name: str, start: Any, results: Any) -> None:
     start.wait()
     try:
         pop = Population(open_database(url))
-        results.put(("ok", pop.ensure_workload(name, f"candidates/kda/{name}")))
+        results.put(("ok", pop.ensure_workload(name, f"kcoral/workloads/kda/{name}")))
     except Exception as exc:  # reported to the test, which fails with the message
         results.put(("error", repr(exc)))
 

@@ -22,12 +22,12 @@ def pop(db: Database) -> Population:
 
 @pytest.fixture
 def workload(pop: Population) -> int:
-    return pop.ensure_workload(name="forward_cpu_small", path="candidates/kda/forward_cpu_small")
+    return pop.ensure_workload(name="forward_cpu_small", path="kcoral/workloads/kda/forward_cpu_small")
 
 
 def make_candidate(pop: Population, workload_id: int, digest: str, **fields: object) -> int:
     fields.setdefault("origin", "template")
-    fields.setdefault("directory", f"candidates/kda/forward_cpu_small/gen/{digest}")
+    fields.setdefault("directory", f"kcoral/workloads/kda/forward_cpu_small/gen/{digest}")
     cand, _ = pop.add_candidate(NewCandidate(workload_id=workload_id, digest=digest, **fields))  # type: ignore[arg-type]
     return cand.id
 

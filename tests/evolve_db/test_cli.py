@@ -55,7 +55,7 @@ def demo(tmp_path: Path, db_url: str, backend: str, cli, monkeypatch: pytest.Mon
         monkeypatch.setenv("EVOLVE_DB", db_url)
     db = open_database(db_url)
     pop = Population(db)
-    ids = populate(pop, pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small"))
+    ids = populate(pop, pop.ensure_workload("forward_cpu_small", "kcoral/workloads/kda/forward_cpu_small"))
     db.close()
     return tmp_path, ids
 
@@ -65,13 +65,13 @@ def sqlite_demo(tmp_path: Path) -> tuple[Path, dict[str, int]]:
     """A populated evolve.db in tmp_path (the default database location)."""
     db = open_database(f"sqlite:///{tmp_path / 'evolve.db'}")
     pop = Population(db)
-    ids = populate(pop, pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small"))
+    ids = populate(pop, pop.ensure_workload("forward_cpu_small", "kcoral/workloads/kda/forward_cpu_small"))
     db.close()
     return tmp_path, ids
 
 
 def test_register_infers_workload_dedups_and_refuses_links(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
-    scratch = tmp_path / "candidates" / "kda" / "fw_small" / "scratch"
+    scratch = tmp_path / "kcoral" / "workloads" / "kda" / "fw_small" / "scratch"
     exp = scratch / "overlap"
     exp.mkdir(parents=True)
     (exp / "solution.py").write_text("def setup(data, B, T, H):\n    return lambda: None\n")
@@ -83,14 +83,14 @@ def test_register_infers_workload_dedups_and_refuses_links(tmp_path: Path, cli) 
     copy = scratch / "overlap-copy"
     copy.mkdir()
     (copy / "solution.py").write_text((exp / "solution.py").read_text())
-    again = cli("register", "candidates/kda/fw_small/scratch/overlap-copy")
+    again = cli("register", "kcoral/workloads/kda/fw_small/scratch/overlap-copy")
     assert again.returncode == 0 and int(again.stdout.strip()) == cid
     assert "already registered" in again.stderr
     pop = Population.open(f"sqlite:///{tmp_path / 'evolve.db'}")
     cand = pop.candidate(cid)
     assert cand is not None and cand.origin == "agent" and cand.author == "agent-7" and cand.name == "overlap"
-    assert cand.directory == "candidates/kda/fw_small/scratch/overlap"
-    assert pop.workload("fw_small").path == "candidates/kda/fw_small"  # type: ignore[union-attr]
+    assert cand.directory == "kcoral/workloads/kda/fw_small/scratch/overlap"
+    assert pop.workload("fw_small").path == "kcoral/workloads/kda/fw_small"  # type: ignore[union-attr]
     (copy / "helper.py").symlink_to(exp / "solution.py")
     linked = cli("register", str(copy))
     assert linked.returncode == 2 and "symbolic link" in linked.stderr
@@ -122,7 +122,7 @@ def test_show_command(demo: tuple[Path, dict[str, int]], cli) -> None:  # type: 
     assert out.returncode == 0, out.stderr
     assert "failed (compile)" in out.stdout and "identifier undefined" in out.stdout and "nvcc failed" in out.stdout
     assert f"^ {ids['fast']}" in out.stdout and f"^ {ids['seed']}" in out.stdout
-    by_dir = cli("show", "candidates/kda/forward_cpu_small/gen/fast", "--json")
+    by_dir = cli("show", "kcoral/workloads/kda/forward_cpu_small/gen/fast", "--json")
     doc = json.loads(by_dir.stdout)
     assert doc["candidate"]["id"] == ids["fast"]
     assert [e["stage"] for e in doc["evaluations"]] == ["check", "bench", "ncu", "confirm"]
@@ -189,7 +189,7 @@ def test_db_path_keeps_url_characters_and_memory() -> None:
 
 def test_every_read_and_write_command_speaks_json(demo: tuple[Path, dict[str, int]], cli) -> None:  # type: ignore[no-untyped-def]
     cwd, ids = demo
-    exp = cwd / "candidates" / "kda" / "forward_cpu_small" / "scratch" / "idea"
+    exp = cwd / "kcoral" / "workloads" / "kda" / "forward_cpu_small" / "scratch" / "idea"
     exp.mkdir(parents=True)
     (exp / "solution.py").write_text("def setup(data, B, T, H):\n    return lambda: None\n")
     registered = json.loads(cli("register", str(exp), "--json").stdout)

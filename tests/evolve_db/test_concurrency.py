@@ -39,7 +39,7 @@ def test_begin_stage_race_has_exactly_one_winner(db_url: str, pop: Population, w
 
 
 def _scratch(root: Path, name: str, body: str) -> Path:
-    d = root / "candidates" / "kda" / "forward_cpu_small" / "scratch" / name
+    d = root / "kcoral" / "workloads" / "kda" / "forward_cpu_small" / "scratch" / name
     d.mkdir(parents=True)
     (d / "solution.py").write_text(body)
     return d

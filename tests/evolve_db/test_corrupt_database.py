@@ -31,7 +31,7 @@ def broken_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     good = d / "good.db"
     db = open_database(f"sqlite:///{good}")  # created and migrated by Alembic
     pop = Population(db)
-    populate(pop, pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small"))
+    populate(pop, pop.ensure_workload("forward_cpu_small", "kcoral/workloads/kda/forward_cpu_small"))
     db.close()
     data = good.read_bytes()
     files = {"random": d / "random.db", "truncated": d / "truncated.db", "torn_header": d / "torn.db"}
@@ -45,7 +45,7 @@ def _commands(tmp: Path) -> list[list[str]]:
     cand = tmp / "cand"
     cand.mkdir(exist_ok=True)
     (cand / "solution.py").write_text("def setup(data, B, T, H):\n    return None\n")
-    return [["run", str(REPO / "configs" / "kda-cpu-small.toml"), "--max-evals", "1"],
+    return [["run", "kda-cpu-small", "--max-evals", "1"],
             ["register", str(cand), "--workload", "forward_cpu_small"],
             ["evaluate", "1"], ["leaderboard"], ["show", "1"], ["status"],
             ["report", "--out", str(tmp / "report.html")], ["db", "upgrade"], ["db", "current"]]

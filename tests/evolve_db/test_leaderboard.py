@@ -36,7 +36,7 @@ def test_failed_and_running_benches_do_not_rank(pop: Population, workload: int) 
 
 
 def test_limit_and_workload_filter(pop: Population, workload: int) -> None:
-    other = pop.ensure_workload("other", "candidates/kda/other")
+    other = pop.ensure_workload("other", "kcoral/workloads/kda/other")
     for i in range(5):
         cid = make_candidate(pop, workload, f"w{i}")
         finish(pop, cid, "bench", StageResult(status="passed", speedup=1.0 + i))

@@ -32,7 +32,7 @@ def test_identical_sources_are_deduplicated(pop: Population, workload: int) -> N
     )
     assert created and not created_again
     assert again.id == first.id and again.directory == "scratch/a"
-    other = pop.ensure_workload("other", "candidates/kda/other")
+    other = pop.ensure_workload("other", "kcoral/workloads/kda/other")
     third, created_third = pop.add_candidate(
         NewCandidate(workload_id=other, origin="agent", digest="abc", directory="scratch/a")
     )
@@ -51,7 +51,7 @@ def test_parents_keep_their_order_and_must_exist(pop: Population, workload: int)
         make_candidate(pop, workload, "d", parents=[999])
     with pytest.raises(ValidationError):
         NewCandidate(workload_id=workload, origin="alien", digest="x", directory="d")  # type: ignore[arg-type]
-    assert pop.candidate_by_directory("candidates/kda/forward_cpu_small/gen/c").id == child  # type: ignore[union-attr]
+    assert pop.candidate_by_directory("kcoral/workloads/kda/forward_cpu_small/gen/c").id == child  # type: ignore[union-attr]
 
 
 def test_begin_stage_claims_once_until_failure(pop: Population, workload: int) -> None:
@@ -193,7 +193,7 @@ def test_workload_lookup(pop: Population, workload: int) -> None:
     assert pop.ensure_workload("forward_cpu_small", "elsewhere") == workload
     assert pop.workload_id("forward_cpu_small") == workload
     assert pop.workload_id(str(workload)) == workload
-    assert pop.workload(workload).path == "candidates/kda/forward_cpu_small"  # type: ignore[union-attr]
+    assert pop.workload(workload).path == "kcoral/workloads/kda/forward_cpu_small"  # type: ignore[union-attr]
     with pytest.raises(KeyError):
         pop.workload_id("nope")
 

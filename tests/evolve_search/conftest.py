@@ -11,7 +11,7 @@ from evolve.db import Database, open_database
 from evolve.population import Population
 
 REPO = Path(__file__).resolve().parents[2]
-NUMPY_FAMILY = REPO / "templates" / "kda" / "numpy_chunked"
+NUMPY_FAMILY = REPO / "evolve" / "templates" / "kda" / "numpy_chunked"
 
 
 @pytest.fixture

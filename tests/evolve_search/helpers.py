@@ -11,7 +11,7 @@ from evolve.db import open_database
 from evolve.population import Population
 from tests.evolve_search.conftest import REPO
 
-WORKLOAD = REPO / "candidates" / "kda" / "forward_cpu_small"
+WORKLOAD = REPO / "kcoral" / "workloads" / "kda" / "forward_cpu_small"
 
 
 def write_config(tmp: Path, *, max_evals: int = 4, confirm_runs: int = 1, margin: float = 0.05,
@@ -20,7 +20,7 @@ def write_config(tmp: Path, *, max_evals: int = 4, confirm_runs: int = 1, margin
     """A run config on the CPU twin that renders into tmp (never into the repository)."""
     text = f"""
 root = "{REPO}"
-workload = "candidates/kda/forward_cpu_small"
+workload = "kcoral/workloads/kda/forward_cpu_small"
 output_dir = "{tmp / 'gen'}"
 
 [[families]]

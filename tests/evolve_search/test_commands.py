@@ -39,9 +39,9 @@ def test_evaluate_unknown_candidate_is_a_clear_error(tmp_path):
 
 def test_run_refuses_a_bad_config_with_reasons(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text('workload = "candidates/kda/forward_cpu_small"\nroot = "%s"\n'
+    bad.write_text('workload = "kcoral/workloads/kda/forward_cpu_small"\nroot = "%s"\n'
                    '[[families]]\nname = "numpy_chunked"\nfixed = { chunk = 7 }\n'
-                   '[strategy]\nkind = "annealing"\n' % WORKLOAD.parents[2])
+                   '[strategy]\nkind = "annealing"\n' % WORKLOAD.parents[3])
     proc = run_cli("run", str(bad), "--db", f"sqlite:///{tmp_path / 'e.db'}", cwd=tmp_path)
     assert proc.returncode == 2
     assert "strategy.kind" in proc.stderr

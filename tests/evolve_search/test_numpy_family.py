@@ -76,11 +76,11 @@ def test_the_space_has_slow_and_fast_points(rendered):
     import sys
 
     from tests.evolve_search.conftest import REPO
-    sys.path.insert(0, str(REPO / "candidates" / "kda"))
+    sys.path.insert(0, str(REPO / "kcoral" / "workloads" / "kda"))
     try:
         from judge.reference import chunked_f32
     finally:
-        sys.path.remove(str(REPO / "candidates" / "kda"))
+        sys.path.remove(str(REPO / "kcoral" / "workloads" / "kda"))
 
     data = make_inputs(T=512, seed=1)
     fam = load_family(NUMPY_FAMILY)

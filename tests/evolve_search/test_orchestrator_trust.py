@@ -76,7 +76,7 @@ def test_a_helper_module_cannot_forge_the_leaderboard_or_read_the_token(tmp_path
     cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest=source_digest(cand_dir),
                                              directory=str(cand_dir), name="sneaky"))
     config = tmp_path / "check-only.toml"
-    config.write_text(f'root = "{REPO}"\nworkload = "candidates/kda/forward_cpu_small"\n'
+    config.write_text(f'root = "{REPO}"\nworkload = "kcoral/workloads/kda/forward_cpu_small"\n'
                       '[[families]]\nname = "numpy_chunked"\n'
                       "[stages.gputest]\nenabled = false\n[stages.bench]\nenabled = false\n")
     env = dict(cli_env(), EVOLVE_DB=f"sqlite:///{db_path}", KCORAL_TOKEN=EVOLVE_SECRET)
@@ -133,7 +133,7 @@ def test_a_cheat_that_computes_only_on_poisoned_calls_is_never_promoted(tmp_path
     cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest=source_digest(cand_dir),
                                              directory=str(cand_dir), name="nan_gate"))
     config = tmp_path / "bench.toml"
-    config.write_text(f'root = "{REPO}"\nworkload = "candidates/kda/forward_cpu_small"\n'
+    config.write_text(f'root = "{REPO}"\nworkload = "kcoral/workloads/kda/forward_cpu_small"\n'
                       '[[families]]\nname = "numpy_chunked"\n')
     proc = subprocess.run(evolve_cmd("evaluate", str(cand.id), "--remote", cpu_server.url, "--config", str(config)),
                           cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=400)

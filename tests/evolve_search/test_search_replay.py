@@ -140,7 +140,7 @@ def _populate(pop: Population, fam, wid: int, points, start: int = 0):
 
 def test_model_never_breeds_from_or_returns_to_a_failed_point_and_respects_constraints(pop):
     fam = load_family(NUMPY_FAMILY)
-    wid = pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small")
+    wid = pop.ensure_workload("forward_cpu_small", "kcoral/workloads/kda/forward_cpu_small")
     points = list(fam.points())
     random.Random(1).shuffle(points)
     correct, incorrect = _populate(pop, fam, wid, points[:24])
@@ -250,7 +250,7 @@ def test_replay_script_json_plot_and_bad_input(tmp_path):
 
 def test_record_point_from_a_real_database(tmp_path, pop):
     fam = load_family(NUMPY_FAMILY)
-    wid = pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small")
+    wid = pop.ensure_workload("forward_cpu_small", "kcoral/workloads/kda/forward_cpu_small")
     points = list(fam.points())[:3]
     ids = []
     for i, point in enumerate(points):

@@ -24,7 +24,7 @@ def _agent_candidates(tmp, n: int) -> list:
         params = dict(algorithm="chunked", chunk=chunk, batching="per_chunk", decay_form="factored",
                       contract="matmul", solve="linalg", dtype="float32")
         rendered = render_candidate(family, params, tmp / "agent-renders")
-        d = tmp / "candidates" / "kda" / "forward_cpu_small" / "scratch" / f"agent{i}"
+        d = tmp / "kcoral" / "workloads" / "kda" / "forward_cpu_small" / "scratch" / f"agent{i}"
         shutil.copytree(rendered, d)
         dirs.append(d)
     return dirs

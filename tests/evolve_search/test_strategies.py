@@ -24,7 +24,7 @@ def _finish(pop: Population, cid: int, stage: str, ok: bool, speedup: float | No
 def populated(pop: Population):
     """A population with correct, bench-failed, check-failed and unfinished candidates."""
     fam = load_family(NUMPY_FAMILY)
-    wid = pop.ensure_workload("forward_cpu_small", "candidates/kda/forward_cpu_small")
+    wid = pop.ensure_workload("forward_cpu_small", "kcoral/workloads/kda/forward_cpu_small")
     rng = random.Random(42)
     points = list(fam.points())
     rng.shuffle(points)

@@ -46,7 +46,7 @@ def test_repeated_identical_failures_abort_the_run_and_call_the_hook(tmp_path, c
 def test_preflight_refuses_a_gpu_workload_on_a_cpu_server(tmp_path, cpu_server):
     db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
     cfg = tmp_path / "gpu.toml"
-    cfg.write_text(f'root = "{REPO}"\nworkload = "candidates/kda/forward_b1_t8192_h96"\n'
+    cfg.write_text(f'root = "{REPO}"\nworkload = "kcoral/workloads/kda/forward_b1_t8192_h96"\n'
                    f'output_dir = "{tmp_path / "gen"}"\n[[families]]\nname = "two_pass"\n'
                    "[budget]\nmax_evals = 2\n")
     proc = run_cli("run", str(cfg), "--remote", cpu_server.url, "--db", db_url, cwd=tmp_path)

@@ -196,7 +196,7 @@ def _record(into: list[BaseException], fn) -> None:
 
 
 def test_join_settings_are_checked(tmp_path, monkeypatch):
-    from server.cli import build_parser, join_from_args
+    from kcoral_server.cli import build_parser, join_from_args
 
     def refusal(*args: str) -> str:
         with pytest.raises(SystemExit) as exc:

@@ -47,7 +47,7 @@ def test_a_lost_node_is_an_unknown_outcome_not_transport_trouble():
 
 
 def test_node_backoff_and_endpoint():
-    node = pytest.importorskip("server.gateway.node", reason="the [router] extra is not installed")
+    node = pytest.importorskip("kcoral_server.gateway.node", reason="the [router] extra is not installed")
     b = node.Backoff()
     waits = [b.next() for _ in range(8)]
     assert 0.8 <= waits[0] <= 1.2 and 1.6 <= waits[1] <= 2.4 and all(w <= 36 for w in waits)

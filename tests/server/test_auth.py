@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from kcoral import Client, RemoteError
-from server.cli import build_parser, config_from_args
+from kcoral_server.cli import build_parser, config_from_args
 from tests.serverproc import REPO_ROOT, ServerProcess
 
 from .helpers import function_program, post_program
@@ -55,7 +55,7 @@ def test_client_with_token_runs_and_workers_do_not_see_it(secured) -> None:
 
 def test_non_loopback_bind_without_token_is_refused() -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)}
-    r = subprocess.run([sys.executable, "-m", "server", "--host", "0.0.0.0", "--cpu-workers", "1"],
+    r = subprocess.run([sys.executable, "-m", "kcoral_server", "--host", "0.0.0.0", "--cpu-workers", "1"],
                        capture_output=True, text=True, timeout=60, env=env, cwd=REPO_ROOT)
     assert r.returncode != 0 and "without a token" in r.stderr
 

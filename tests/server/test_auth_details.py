@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.cli import build_parser, config_from_args
+from kcoral_server.cli import build_parser, config_from_args
 from tests.serverproc import REPO_ROOT, ServerProcess
 
 TOKEN = "case-and-length-token-0123"
@@ -32,7 +32,7 @@ def test_short_token_is_refused_for_a_non_loopback_bind(tmp_path: Path) -> None:
     short = tmp_path / "short"
     short.write_text("fifteen-chars15\n")  # 15 characters: guessable, refused off loopback
     try:
-        r = subprocess.run([sys.executable, "-m", "server", "--host", "0.0.0.0", "--port", "0",
+        r = subprocess.run([sys.executable, "-m", "kcoral_server", "--host", "0.0.0.0", "--port", "0",
                             "--cpu-workers", "1", "--token-file", str(short)],
                            capture_output=True, text=True, timeout=20, env=_server_env(), cwd=REPO_ROOT)
     except subprocess.TimeoutExpired:

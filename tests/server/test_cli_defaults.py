@@ -1,8 +1,8 @@
 """The server's flags take their defaults from ServerConfig, written there once."""
 from __future__ import annotations
 
-from server.cli import build_parser, config_from_args
-from server.config import ServerConfig
+from kcoral_server.cli import build_parser, config_from_args
+from kcoral_server.config import ServerConfig
 
 
 def test_no_flags_give_the_configs_own_defaults() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.cpusets import partition
+from kcoral_server.cpusets import partition
 
 
 def test_slots_get_disjoint_contiguous_shares_covering_every_cpu() -> None:

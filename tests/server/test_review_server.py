@@ -178,9 +178,9 @@ def test_processes_left_running_by_a_finished_program_are_killed(client: Client)
 
 def test_worker_gpu_index_uses_pci_bus_order(tmp_path) -> None:
     # Server GPU ids come from nvidia-smi (PCI bus order): CUDA must count the same way.
-    from server.config import ServerConfig
-    from server.engine import Engine
-    from server.pool import WorkerSpec
+    from kcoral_server.config import ServerConfig
+    from kcoral_server.engine import Engine
+    from kcoral_server.pool import WorkerSpec
 
     engine = Engine(ServerConfig(cpu_workers=1, work_dir=str(tmp_path), blob_dir=str(tmp_path)))
     try:

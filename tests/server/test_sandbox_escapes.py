@@ -45,7 +45,7 @@ def server_pids():
                 parent = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError):
             break
-        if b"server" in argv and b"-m" in argv:
+        if b"kcoral_server" in argv and b"-m" in argv:
             pids.append(pid)
         pid = parent
     return pids

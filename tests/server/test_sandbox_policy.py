@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server import sandbox
-from server.sandbox import SandboxLimits, SandboxMode, SandboxPolicy
+from kcoral_server import sandbox
+from kcoral_server.sandbox import SandboxLimits, SandboxMode, SandboxPolicy
 
 
 def _pairs(argv: list[str], flag: str) -> list[tuple[str, str]]:

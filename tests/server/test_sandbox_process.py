@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from server.sandbox import SandboxLimits, SandboxMode, SandboxPolicy
-from server.sandboxproc import SandboxProcess
+from kcoral_server.sandbox import SandboxLimits, SandboxMode, SandboxPolicy
+from kcoral_server.sandboxproc import SandboxProcess
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from server.pool import WorkerHandle
+from kcoral_server.pool import WorkerHandle
 
 LOOPS = ["asyncio"]
 try:

@@ -7,10 +7,10 @@ import time
 import pytest
 
 from kcoral.wire import WireError, encode_multipart, normalize_path, parse_multipart
-from server.blobs import BlobStore
-from server.holdout import HoldoutSalt
-from server.journal import Journal, StoredResponse
-from server.scheduler import LeaseScheduler
+from kcoral_server.blobs import BlobStore
+from kcoral_server.holdout import HoldoutSalt
+from kcoral_server.journal import Journal, StoredResponse
+from kcoral_server.scheduler import LeaseScheduler
 
 
 @pytest.mark.parametrize("raw,norm", [("a/b", "a/b"), ("./a//b/./c", "a/b/c"), ("a/./b", "a/b")])
@@ -117,7 +117,7 @@ def test_holdout_salt_file_and_repr(tmp_path) -> None:
 def test_stale_scratch_folders_of_dead_servers_are_swept(tmp_path) -> None:
     import subprocess
 
-    from server.tempdirs import OWNER_FILE, make_owned_dir, sweep_stale
+    from kcoral_server.tempdirs import OWNER_FILE, make_owned_dir, sweep_stale
 
     dead = subprocess.Popen(["true"])
     dead.wait()

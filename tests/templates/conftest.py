@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = REPO / "templates" / "kda"
+TEMPLATES = REPO / "evolve" / "templates" / "kda"
 NVCC = shutil.which("nvcc")
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 

@@ -19,7 +19,7 @@ from kcoral.archive import ArchiveError, check_archive, safe_unpack
 from kcoral.runners import tool_runner
 
 REPO = Path(__file__).resolve().parents[2]
-JUDGE_RUNNER = REPO / "candidates" / "kda" / "judge" / "runner.py"
+JUDGE_RUNNER = REPO / "kcoral" / "workloads" / "kda" / "judge" / "runner.py"
 
 
 def _load_judge_runner():
@@ -93,7 +93,7 @@ def test_collect_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
     assert out["files"] == {"ok.txt": b"fine"} and out["refused"] == ["pipe"]
 
 
-# ---------------------------------------------------------------- candidates/kda/judge/runner.py
+# ---------------------------------------------------------------- kcoral/workloads/kda/judge/runner.py
 def test_judge_unpack_caps_the_unpacked_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = _load_judge_runner()
     monkeypatch.setattr(runner, "MAX_ARCHIVE_BYTES", 4096)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-KDA = REPO / "candidates" / "kda"
+KDA = REPO / "kcoral" / "workloads" / "kda"
 CPU_WORKLOAD = KDA / "forward_cpu_small"
 GPU_WORKLOAD = KDA / "forward_b1_t8192_h96"
 REFERENCE = CPU_WORKLOAD / "scratch" / "reference"

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-KDA = Path(__file__).resolve().parents[2] / "candidates" / "kda"
+KDA = Path(__file__).resolve().parents[2] / "kcoral" / "workloads" / "kda"
 if str(KDA) not in sys.path:
     sys.path.insert(0, str(KDA))
 

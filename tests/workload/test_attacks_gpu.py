@@ -37,7 +37,7 @@ def stage(attack: Path, dest: Path) -> Path:
     from evolve.families import load_family
     from evolve.render import render_candidate
 
-    fam = load_family(REPO / "templates" / "kda" / "two_pass")
+    fam = load_family(REPO / "evolve" / "templates" / "kda" / "two_pass")
     honest = Path(render_candidate(fam, dict(fam.defaults), dest / "render"))
     target = dest / attack.name
     shutil.copytree(honest, target)

@@ -240,7 +240,7 @@ class Engine:
         }
 
     def node_status(self) -> NodeStatus:
-        """What a router is told about this server (see server/gateway/node.py)."""
+        """What a router is told about this server (see kcoral_server/gateway/node.py)."""
         return NodeStatus(healthy=not self.draining, server_instance_id=self.instance_id,
                           worker_count=len(self.specs), busy_workers=self.busy_workers(),
                           target={k: str(v) for k, v in self.target.items()},

@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 
 import grpc
 
-from server.gateway import kcoral_gateway_pb2 as pb
-from server.joinconfig import NodeStatus
-from server.reqlog import log_event
+from kcoral_server.gateway import kcoral_gateway_pb2 as pb
+from kcoral_server.joinconfig import NodeStatus
+from kcoral_server.reqlog import log_event
 
 PROTOCOL_VERSION = 1                      # SlotHello.protocol_version the released router accepts
 DATA_CHUNK_BYTES = 256 * 1024             # the router refuses larger data frames

@@ -71,11 +71,11 @@ def python_paths() -> list[str]:
     import site
 
     import kcoral
-    import server
+    import kcoral_server
 
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
-    for pkg in (kcoral, server):
+    for pkg in (kcoral, kcoral_server):
         paths.add(os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__ or ""))))
     paths.update(site.getsitepackages() + [site.getusersitepackages()])
     # The sandbox's own mount points. /tmp is not among them: an installation under /tmp (a

@@ -1,4 +1,4 @@
-"""`kcoral-server` / `python -m server`: flags -> ServerConfig -> uvicorn."""
+"""`kcoral-server` / `python -m kcoral_server`: flags -> ServerConfig -> uvicorn."""
 from __future__ import annotations
 
 import argparse

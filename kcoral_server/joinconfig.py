@@ -1,6 +1,6 @@
 """How a server joins a router (`--router URL --node-id ID`) and what it reports to it.
 Kept apart from ServerConfig, which requests can be told about, because it holds the node
-token; and free of grpc, which only server/gateway/node.py imports."""
+token; and free of grpc, which only kcoral_server/gateway/node.py imports."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

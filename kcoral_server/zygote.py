@@ -16,7 +16,7 @@ As root the zygote forks the worker straight into the sandbox's PID namespace (i
 the namespace for its children, forks, and sets its own back) and reports the worker's
 end itself; a launcher is needed only to join a user namespace (the server is not root).
 Zygote and launcher stay in the server's PID namespace, invisible to programs. Run as
-`python -m server.zygote --fd N`.
+`python -m kcoral_server.zygote --fd N`.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _preload() -> None:
     from . import executor, worker  # noqa: F401
     from .builtins import cpu  # noqa: F401
 
-    for name in ("ml_dtypes", "cupy", "server.builtins.gpu"):
+    for name in ("ml_dtypes", "cupy", "kcoral_server.builtins.gpu"):
         try:
             __import__(name)
         except Exception:  # noqa: BLE001 - absent on CPU hosts; the worker reports it when used
@@ -179,7 +179,7 @@ def _kill_orphans(workers: dict[int, int]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m server.zygote")
+    parser = argparse.ArgumentParser(prog="python -m kcoral_server.zygote")
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args()
     privs.die_with_parent()
@@ -341,7 +341,7 @@ class Zygote:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "server.zygote", "--fd", str(child.fileno()),
+                sys.executable, "-m", "kcoral_server.zygote", "--fd", str(child.fileno()),
                 pass_fds=(child.fileno(),), start_new_session=True, env=self.env, cwd=self.cwd,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL)
         finally:
