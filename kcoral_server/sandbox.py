@@ -219,8 +219,9 @@ class SandboxPolicy:
         parents = sorted({os.path.dirname(p[:i]) for p in dests for i in range(len(p) + 1)
                           if p[i:i + 1] in ("/", "") and os.path.dirname(p[:i]) not in ("", "/")}
                          - set(dests), key=lambda s: (s.count("/"), s))
+        parents = [d for d in parents if not any(_inside(d, k) for k in self._ro)]
         for d in parents:
-            if not any(_inside(d, k) for k in self._ro):
+            if not _inside(d, "/tmp"):
                 a += ["--perms", "0755", "--dir", d]
         under_tmp = [p for p in self._ro if _inside(p, "/tmp")]
         for p in self._ro:
@@ -258,6 +259,11 @@ class SandboxPolicy:
         if self.limits.workspace_bytes:
             a += ["--size", str(self.limits.workspace_bytes)]
         a += ["--tmpfs", "/tmp", "--symlink", SHM, "/dev/shm"]
+        # Those parents again inside the new /tmp (made before it, they are hidden by it): a
+        # venv under /tmp whose project is not bound (a wheel install) needs /tmp/<clone>.
+        for d in parents:
+            if _inside(d, "/tmp") and d != "/tmp":
+                a += ["--perms", "0755", "--dir", d]
         for p in under_tmp:
             a += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
         # Server state that happens to lie inside a bound directory: hidden behind an empty,

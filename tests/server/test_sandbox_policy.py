@@ -63,3 +63,18 @@ def test_identity(root: bool) -> None:
     assert policy.uid_for(3) == (5003 if root else None)
     assert ("--unshare-user" in policy.bwrap_argv(False)) is (not root)
     assert SandboxPolicy(SandboxMode.NONE, SandboxLimits(), privileged=root).uid_for(3) is None
+
+
+def test_parents_of_an_installation_under_tmp_are_traversable(tmp_path, monkeypatch) -> None:
+    # A wheel installed into a venv under /tmp binds the venv but not the clone holding it:
+    # bwrap made /tmp/<clone> 0700 root inside the sandbox's /tmp, and programs running as
+    # a slot's uid could not start Python ("Permission denied").
+    venv = tmp_path / "clone" / ".venv"
+    venv.mkdir(parents=True)
+    monkeypatch.setattr(sandbox, "python_paths", lambda: [str(venv)])
+    argv = SandboxPolicy(SandboxMode.BWRAP, SandboxLimits()).bwrap_argv(False)
+    tmpfs = len(argv) - 1 - argv[::-1].index("/tmp")
+    bind = next(i for i, a in enumerate(argv) if a == "--ro-bind" and argv[i + 1] == str(venv))
+    for parent in (venv.parent, tmp_path):
+        made = [i for i, a in enumerate(argv) if a == "--dir" and argv[i + 1] == str(parent)]
+        assert any(tmpfs < i < bind and argv[i - 2:i] == ["--perms", "0755"] for i in made), (parent, argv)
