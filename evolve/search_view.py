@@ -14,12 +14,15 @@ every `REFRESH` reads start over from nothing.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from evolve.population import Population
 from evolve.strategies.base import INFEASIBLE_KINDS, Failed, Parent, SearchState
 
 LAG = 256        # ids re-read below the highest seen: commits out of id order land there
 REFRESH = 500    # reads between full reads: anything a lag could still miss heals then
 FINAL = ("passed", "failed", "interrupted")
+RESORT = 64      # changes in one read above which the order is sorted anew rather than patched
 
 
 class SearchView:
@@ -35,7 +38,12 @@ class SearchView:
         self.running: set[int] = set()                   # evaluations seen unfinished: read again
         self.bench: dict[int, tuple[int, Parent | None]] = {}   # candidate -> (its latest passed/failed bench, parent if correct)
         self.infeasible: dict[int, tuple[int, Failed]] = {}     # candidate -> its first infeasible failure
-        self._order: list[Parent] | None = None          # correct, fastest first (None: to sort again)
+        # Correct, fastest first, and each one's (-speedup, id) to bisect: a read changes a few
+        # of 10 000, and sorting them all again cost more than the read.
+        self._order: list[Parent] = []
+        self._ranks: list[tuple[float, int]] = []
+        self._changes: list[tuple[Parent | None, Parent | None]] = []   # (was, is) since the order was patched
+        self._failed: list[Failed] | None = None         # None: to list again
 
     def state(self, tried: set, proposals: int) -> SearchState:
         if self.reads % self.refresh == 0:
@@ -44,13 +52,26 @@ class SearchView:
         rows = self.pop.evaluation_rows(self.workload_id, self.mark - self.lag, sorted(self.running))
         for row in rows:
             self._take(*row)
-        if self._order is None:
-            self._order = sorted((p for _, p in self.bench.values() if p is not None),
-                                 key=lambda p: (-p.speedup, p.id))
-        correct = self._order
-        failed = [f for cid, (_, f) in sorted(self.infeasible.items()) if not self._is_correct(cid)]
-        return SearchState.model_construct(correct=list(correct), failed=failed, tried=tried,
+        self._patch_order()
+        if self._failed is None:
+            self._failed = [f for cid, (_, f) in sorted(self.infeasible.items()) if not self._is_correct(cid)]
+        return SearchState.model_construct(correct=list(self._order), failed=list(self._failed), tried=tried,
                                            proposal_index=proposals)
+
+    def _patch_order(self) -> None:
+        changes, self._changes = self._changes, []
+        if len(changes) > RESORT:
+            self._order = sorted((p for _, p in self.bench.values() if p is not None), key=_rank)
+            self._ranks = [_rank(p) for p in self._order]
+            return
+        for was, now in changes:
+            if was is not None:
+                i = bisect_left(self._ranks, _rank(was))
+                del self._ranks[i], self._order[i]
+            if now is not None:
+                i = bisect_left(self._ranks, _rank(now))
+                self._ranks.insert(i, _rank(now))
+                self._order.insert(i, now)
 
     def _is_correct(self, cid: int) -> bool:
         entry = self.bench.get(cid)
@@ -65,14 +86,21 @@ class SearchView:
         self.running.discard(eid)
         if stage == "bench" and status in ("passed", "failed"):
             latest = self.bench.get(cid)
-            if latest is None or eid >= latest[0]:
+            if latest is None or eid > latest[0]:   # a finished row never changes: read again, it is skipped
                 parent = None
                 if status == "passed" and speedup is not None:
                     parent = Parent.model_construct(id=cid, family=family, params=params, speedup=speedup,
                                                     generation=generation)
                 self.bench[cid] = (eid, parent)
-                self._order = None
+                self._changes.append((latest[1] if latest else None, parent))
+                if cid in self.infeasible:
+                    self._failed = None
         if status == "failed" and family is not None and kind in INFEASIBLE_KINDS:
             first = self.infeasible.get(cid)
             if first is None or eid < first[0]:
                 self.infeasible[cid] = (eid, Failed.model_construct(id=cid, family=family, params=params, kind=kind))
+                self._failed = None
+
+
+def _rank(p: Parent) -> tuple[float, int]:
+    return (-p.speedup, p.id)

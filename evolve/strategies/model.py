@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Iterable
+from itertools import chain
 
 import numpy as np
 
@@ -79,6 +81,11 @@ class ModelStrategy:
         # Candidate ids are never reused and their params never change: per-id caches.
         self._admits: dict[int, bool] = {}
         self._keys: dict[int, tuple] = {}
+        self._held = _HeldKeys()
+        # Keys interned to the tried set's own objects: sets of 10 000 keys meet every
+        # proposal, and two equal keys that are not one object compare tuple by tuple.
+        self._interned: dict[tuple, tuple] = {}
+        self._tried: set[tuple] = set()   # the tried keys interned so far
 
     def _admitted(self, parent: Parent | Failed) -> bool:
         if parent.id not in self._admits:
@@ -87,8 +94,15 @@ class ModelStrategy:
 
     def _key(self, cid: int, family: str, params: dict) -> tuple:
         if cid not in self._keys:
-            self._keys[cid] = point_key(family, params)
+            key = point_key(family, params)
+            self._keys[cid] = self._interned.setdefault(key, key)
         return self._keys[cid]
+
+    def _intern_tried(self, tried: set[tuple]) -> None:
+        fresh = tried - self._tried
+        for key in fresh:
+            self._interned.setdefault(key, key)
+        self._tried |= fresh
 
     def _space(self, name: str) -> _Space:
         if name not in self._spaces:
@@ -99,22 +113,33 @@ class ModelStrategy:
         seed = untried_seed(self.families, state)
         if seed is not None:
             return seed
-        correct = sorted((p for p in state.correct if p.family in self.families and p.speedup > 0
-                          and self._admitted(p)), key=lambda p: p.id)
+        # Each family's admitted correct candidates, fastest first: one pass over the state,
+        # which already comes in that order (so the sort is one comparison per candidate).
+        groups: dict[str, list[Parent]] = {name: [] for name in self.families}
+        admits = self._admits
+        for p in state.correct:
+            group = groups.get(p.family)   # type: ignore[arg-type]
+            if group is not None:
+                admitted = admits.get(p.id)
+                if admitted or (admitted is None and self._admitted(p)):
+                    group.append(p)
+        ranked = {name: sorted(group, key=_rank) for name, group in groups.items()}
+        usable = {name: [p for p in group if p.speedup > 0] for name, group in ranked.items()}
         failed = sorted((f for f in state.failed if f.family in self.families), key=lambda f: f.id)
-        seen = {self._key(p.id, p.family or "", p.params) for p in correct} | \
-            {self._key(f.id, f.family, f.params) for f in failed}
+        self._intern_tried(state.tried)
+        seen = self._held.sync(usable.values(), failed, self._key)
         tried = state.tried | seen
-        if len(correct) < max(2, self.config.initial_points):
+        if sum(map(len, usable.values())) < max(2, self.config.initial_points):
             return self._random(state, tried, rng)
-        best_y = min(-math.log(p.speedup) for p in correct)
+        # -log is decreasing: the same value as the least -log(speedup) over every candidate.
+        best_y = min(-math.log(group[0].speedup) for group in usable.values() if group)
         scored: list[tuple[float, str, dict[str, Value]]] = []
         for name, family in self.families.items():
-            cands, x_cand = self._candidates(name, state, tried, rng)
+            cands, x_cand = self._candidates(name, ranked[name], tried, rng)
             if not cands:
                 continue
             space = self._space(name)
-            obs = [p for p in correct if p.family == name]
+            obs = usable[name]
             fails = [f for f in failed if f.family == name and self._admitted(f)]   # inside today's space
             if len(obs) >= 2:
                 obs = self._cap(obs, rng)
@@ -131,7 +156,8 @@ class ModelStrategy:
                 mu, sigma = gp.predict(x_cand)
                 length = gp.length
             else:   # a family the model knows nothing of yet: the prior of all observations
-                ys = np.array([-math.log(p.speedup) for p in correct])
+                everyone = sorted((p for group in usable.values() for p in group), key=lambda p: p.id)
+                ys = np.array([-math.log(p.speedup) for p in everyone])
                 mu = np.full(len(cands), ys.mean())
                 sigma = np.full(len(cands), ys.std() or 1.0)
                 length = math.sqrt(space.encoder.width) * 0.3
@@ -154,13 +180,13 @@ class ModelStrategy:
         return Proposal(family=name, params=params, operator="model")
 
     # ---- candidates -----------------------------------------------------------------------
-    def _candidates(self, name: str, state: SearchState, tried: set,
+    def _candidates(self, name: str, ranked: list[Parent], tried: set,
                     rng: random.Random) -> tuple[list[dict[str, Value]], np.ndarray]:
-        """Untried admitted points to score, and their encodings."""
+        """Untried admitted points to score, and their encodings; `ranked`: the family's
+        admitted correct candidates, fastest first."""
         space = self._space(name)
         # Offspring of the best correct candidates: what evolution would try next.
-        pool = sorted((p for p in state.correct if p.family == name and self._admitted(p)),
-                      key=lambda p: (-p.speedup, p.id))[: self.config.population_size]
+        pool = ranked[: self.config.population_size]
         children = {}
         for params in self._offspring(space.family, pool, rng):
             k = canonical_params(params)
@@ -197,10 +223,10 @@ class ModelStrategy:
         return out
 
     @staticmethod
-    def _cap(obs: list, rng: random.Random) -> list:
-        if len(obs) <= TRAIN_CAP:
-            return obs
-        ranked = sorted(obs, key=lambda p: (-p.speedup, p.id))
+    def _cap(ranked: list[Parent], rng: random.Random) -> list[Parent]:
+        """The observations to fit (`ranked`: fastest first), in candidate-id order."""
+        if len(ranked) <= TRAIN_CAP:
+            return sorted(ranked, key=lambda p: p.id)
         keep = ranked[: TRAIN_CAP // 2]
         rest = ranked[TRAIN_CAP // 2:]
         return sorted(keep + rng.sample(rest, TRAIN_CAP - len(keep)), key=lambda p: p.id)
@@ -216,6 +242,47 @@ class ModelStrategy:
             if space.points is None or any((name, k) not in tried for k in space.keys):
                 return False
         return True
+
+
+def _rank(p: Parent) -> tuple[float, int]:
+    return (-p.speedup, p.id)
+
+
+class _HeldKeys:
+    """The point keys of the candidates a state holds, kept in step by candidate id: a
+    proposal changes a few of 10 000, and hashing every nested key tuple anew cost about
+    30 ms. Counts, since two candidates can hold one point."""
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+        self.count: dict[tuple, int] = {}
+        self.keys: set[tuple] = set()
+
+    def sync(self, groups: Iterable[list[Parent]], failed: list[Failed],
+             key: Callable[[int, str, dict], tuple]) -> set[tuple]:
+        ids: set[int] = set()
+        for c in chain(chain.from_iterable(groups), failed):
+            ids.add(c.id)
+            if c.id not in self.ids:
+                self._add(key(c.id, c.family or "", c.params))
+        for cid in self.ids - ids:
+            self._drop(key(cid, "", {}))   # cached when it was added
+        self.ids = ids
+        return self.keys
+
+    def _add(self, k: tuple) -> None:
+        n = self.count.get(k, 0)
+        self.count[k] = n + 1
+        if not n:
+            self.keys.add(k)
+
+    def _drop(self, k: tuple) -> None:
+        n = self.count[k] - 1
+        if n:
+            self.count[k] = n
+        else:
+            del self.count[k]
+            self.keys.discard(k)
 
 
 def _params(key: tuple) -> dict[str, Value]:

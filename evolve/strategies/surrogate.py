@@ -56,9 +56,19 @@ def _k(v: Value) -> tuple:
 
 
 def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
-    d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
-    r = np.sqrt(np.maximum(d2, 0.0)) * (math.sqrt(5.0) / length)
-    return (1.0 + r + r * r / 3.0) * np.exp(-r)
+    # In place: a proposal builds a 3 000 x 300 matrix, and each temporary costs a pass.
+    k = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :]
+    k -= 2.0 * a @ b.T
+    np.maximum(k, 0.0, out=k)
+    np.sqrt(k, out=k)
+    k *= math.sqrt(5.0) / length                       # r
+    decay = np.exp(np.negative(k))
+    square = k * k
+    square /= 3.0
+    k += 1.0
+    k += square                                        # 1 + r + r^2 / 3
+    k *= decay
+    return k
 
 
 class GaussianProcess:
@@ -70,27 +80,40 @@ class GaussianProcess:
         z = (y - self.mean) / self.scale
         dims = math.sqrt(x.shape[1])
         grid = lengths or [length * dims for length in LENGTH_SCALES]
+        n = len(x)
         best = None
         for length in grid:
-            k = matern52(x, x, length) + NOISE * np.eye(len(x))
+            k = matern52(x, x, length) + NOISE * np.eye(n)
+            if len(grid) == 1:
+                best = (0.0, length, k)
+                break
+            # The evidence needs L^-1 z, not the inverse factor: the Cholesky factor of K
+            # bordered by z ends in that row (its corner stays positive: z'K^-1 z is at most
+            # |z|^2 / NOISE), so one factorisation per length scale, one inverse in all.
+            bordered = np.empty((n + 1, n + 1))
+            bordered[:n, :n] = k
+            bordered[n, :n] = bordered[:n, n] = z
+            bordered[n, n] = 2.0 * float(z @ z) / NOISE + 1.0
             try:
-                chol = np.linalg.cholesky(k)
+                chol = np.linalg.cholesky(bordered)
             except np.linalg.LinAlgError:
                 continue
-            # NumPy has no triangular solve: the inverse factor turns every solve into a product.
-            inv = np.linalg.inv(chol)
-            w = inv @ z
-            evidence = -0.5 * float(w @ w) - float(np.log(np.diag(chol)).sum())
+            w = chol[n, :n]
+            evidence = -0.5 * float(w @ w) - float(np.log(np.diag(chol)[:n]).sum())
             if best is None or evidence > best[0]:
-                best = (evidence, length, inv, inv.T @ w)
+                best = (evidence, length, k)
         assert best is not None, "the kernel with the most noise is always positive definite"
-        _, self.length, self.inv, self.alpha = best
+        _, self.length, k = best
+        # NumPy has no triangular solve: the inverse factor turns every solve into a product.
+        self.inv = np.linalg.inv(np.linalg.cholesky(k))
+        self.alpha = self.inv.T @ (self.inv @ z)
 
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ks = matern52(x, self.x, self.length)
         mu = ks @ self.alpha
         v = self.inv @ ks.T
-        var = np.maximum(1.0 - (v * v).sum(0), 1e-12)
+        v *= v
+        var = np.maximum(1.0 - v.sum(0), 1e-12)
         return mu * self.scale + self.mean, np.sqrt(var) * self.scale
 
 
