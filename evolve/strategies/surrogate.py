@@ -55,20 +55,29 @@ def _k(v: Value) -> tuple:
     return (type(v).__name__, v)
 
 
+def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    d = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :]
+    d -= 2.0 * a @ b.T
+    np.maximum(d, 0.0, out=d)
+    return np.sqrt(d, out=d)
+
+
 def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
-    # In place: a proposal builds a 3 000 x 300 matrix, and each temporary costs a pass.
-    k = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :]
-    k -= 2.0 * a @ b.T
-    np.maximum(k, 0.0, out=k)
-    np.sqrt(k, out=k)
-    k *= math.sqrt(5.0) / length                       # r
-    decay = np.exp(np.negative(k))
-    square = k * k
+    r = distances(a, b)
+    r *= math.sqrt(5.0) / length
+    return _matern52(r)
+
+
+def _matern52(r: np.ndarray) -> np.ndarray:
+    """The kernel at scaled distances `r`, overwriting them: a proposal builds a 3 000 x 300
+    matrix, and each temporary would cost a pass over it."""
+    decay = np.exp(np.negative(r))
+    square = r * r
     square /= 3.0
-    k += 1.0
-    k += square                                        # 1 + r + r^2 / 3
-    k *= decay
-    return k
+    r += 1.0
+    r += square                                        # 1 + r + r^2 / 3
+    r *= decay
+    return r
 
 
 class GaussianProcess:
@@ -81,9 +90,11 @@ class GaussianProcess:
         dims = math.sqrt(x.shape[1])
         grid = lengths or [length * dims for length in LENGTH_SCALES]
         n = len(x)
+        d = distances(x, x)   # the same for every length scale
         best = None
         for length in grid:
-            k = matern52(x, x, length) + NOISE * np.eye(n)
+            k = _matern52(d * (math.sqrt(5.0) / length))
+            k.flat[:: n + 1] += NOISE
             if len(grid) == 1:
                 best = (0.0, length, k)
                 break
