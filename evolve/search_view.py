@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+import numpy as np
+
 from evolve.population import Population
-from evolve.strategies.base import INFEASIBLE_KINDS, Failed, Parent, SearchState
+from evolve.strategies.base import INFEASIBLE_KINDS, Columns, Failed, Parent, SearchState
 
 LAG = 256        # ids re-read below the highest seen: commits out of id order land there
 REFRESH = 500    # reads between full reads: anything a lag could still miss heals then
@@ -42,6 +44,7 @@ class SearchView:
         # of 10 000, and sorting them all again cost more than the read.
         self._order: list[Parent] = []
         self._ranks: list[tuple[float, int]] = []
+        self._columns = Columns.of([])                   # of the order, handed to strategies with it
         self._changes: list[tuple[Parent | None, Parent | None]] = []   # (was, is) since the order was patched
         self._failed: list[Failed] | None = None         # None: to list again
 
@@ -56,22 +59,29 @@ class SearchView:
         if self._failed is None:
             self._failed = [f for cid, (_, f) in sorted(self.infeasible.items()) if not self._is_correct(cid)]
         return SearchState.model_construct(correct=list(self._order), failed=list(self._failed), tried=tried,
-                                           proposal_index=proposals)
+                                           proposal_index=proposals).keep_columns(self._columns)
 
     def _patch_order(self) -> None:
         changes, self._changes = self._changes, []
         if len(changes) > RESORT:
             self._order = sorted((p for _, p in self.bench.values() if p is not None), key=_rank)
             self._ranks = [_rank(p) for p in self._order]
+            self._columns = Columns.of(self._order)
             return
+        ids, speedups, families = self._columns
         for was, now in changes:
             if was is not None:
                 i = bisect_left(self._ranks, _rank(was))
                 del self._ranks[i], self._order[i]
+                ids, speedups, families = np.delete(ids, i), np.delete(speedups, i), np.delete(families, i)
             if now is not None:
                 i = bisect_left(self._ranks, _rank(now))
                 self._ranks.insert(i, _rank(now))
                 self._order.insert(i, now)
+                ids, speedups = np.insert(ids, i, now.id), np.insert(speedups, i, now.speedup)
+                families = np.insert(families, i, now.family)
+        if changes:
+            self._columns = Columns(ids, speedups, families).frozen()
 
     def _is_correct(self, cid: int) -> bool:
         entry = self.bench.get(cid)

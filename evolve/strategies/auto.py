@@ -29,7 +29,7 @@ def stalled(state: SearchState, after: int = STALL) -> bool:
     if not state.correct:
         return False
     best = state.correct[0].id   # fastest first
-    newer = sum(1 for p in state.correct if p.id > best) + sum(1 for f in state.failed if f.id > best)
+    newer = int((state.columns().ids > best).sum()) + sum(1 for f in state.failed if f.id > best)
     return newer >= after
 
 

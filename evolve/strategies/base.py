@@ -7,9 +7,11 @@ run continues from what the database holds.
 from __future__ import annotations
 
 import random
-from typing import Literal, Protocol
+from operator import attrgetter
+from typing import Literal, NamedTuple, Protocol
 
-from pydantic import BaseModel, Field
+import numpy as np
+from pydantic import BaseModel, Field, PrivateAttr
 
 from evolve.families import Family, Value, canonical_params
 
@@ -50,12 +52,51 @@ class Proposal(BaseModel):
         return point_key(self.family, self.params)
 
 
+class Columns(NamedTuple):
+    """`SearchState.correct` as read-only arrays, in its order."""
+    ids: np.ndarray        # int64
+    speedups: np.ndarray   # float64
+    families: np.ndarray   # object: str or None
+
+    @classmethod
+    def of(cls, parents: list[Parent]) -> Columns:
+        columns = cls(np.fromiter(map(attrgetter("id"), parents), dtype=np.int64, count=len(parents)),
+                      np.fromiter(map(attrgetter("speedup"), parents), dtype=float, count=len(parents)),
+                      np.array(list(map(attrgetter("family"), parents)) or [], dtype=object))
+        return columns.frozen()
+
+    def frozen(self) -> Columns:
+        for column in self:
+            column.flags.writeable = False
+        return self
+
+
+def fastest_first(columns: Columns) -> bool:
+    """Whether the candidates come in the order `SearchState.correct` promises."""
+    ahead, behind = columns.speedups[:-1], columns.speedups[1:]
+    return bool(np.all((ahead > behind) | ((ahead == behind) & (columns.ids[:-1] < columns.ids[1:]))))
+
+
 class SearchState(BaseModel):
-    """The population as a strategy sees it."""
+    """The population as a strategy sees it. `correct` is fastest first (ties: lower id
+    first) wherever the loop or the replay builds it; strategies check rather than assume."""
     correct: list[Parent] = Field(default_factory=list)
     failed: list[Failed] = Field(default_factory=list)
     tried: set[tuple] = Field(default_factory=set)    # point_key of every point already proposed or present
     proposal_index: int = 0                           # proposals made so far by this run (islands rotate on it)
+    _columns: Columns | None = PrivateAttr(default=None)
+
+    def columns(self) -> Columns:
+        """`correct` column by column: built once per state, or handed in by whoever keeps
+        them up to date (`keep_columns`). At 10 000 candidates each pass over the objects
+        cost milliseconds; a strategy reads arrays instead. `correct` must not change after."""
+        if self._columns is None:
+            self._columns = Columns.of(self.correct)
+        return self._columns
+
+    def keep_columns(self, columns: Columns) -> SearchState:
+        self._columns = columns.frozen()
+        return self
 
 
 def point_key(family: str, params: dict) -> tuple:

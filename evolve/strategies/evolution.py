@@ -11,7 +11,7 @@ import random
 
 from evolve.config import StrategyConfig
 from evolve.families import Family, Value
-from evolve.strategies.base import Parent, Proposal, SearchState, fresh_immigrant, untried_seed
+from evolve.strategies.base import Parent, Proposal, SearchState, fastest_first, fresh_immigrant, untried_seed
 
 _ATTEMPTS = 30
 
@@ -29,10 +29,21 @@ class EvolutionStrategy:
 
     # ---- selection ---------------------------------------------------------------------
     def breeding_pool(self, state: SearchState) -> list[Parent]:
-        """The best `population_size` correct candidates that lie in a configured space."""
+        """The best `population_size` correct candidates that lie in a configured space.
+        A state that comes fastest first (checked on its columns) is read only until the
+        pool is full, not all 10 000 candidates."""
+        size = self.config.population_size
+        if fastest_first(state.columns()):
+            pool = []
+            for p in state.correct:
+                if len(pool) == size:
+                    break
+                if self._admitted(p):
+                    pool.append(p)
+            return pool
         pool = [p for p in state.correct if self._admitted(p)]
         pool.sort(key=lambda p: (-p.speedup, p.id))
-        return pool[: self.config.population_size]
+        return pool[:size]
 
     def _island(self, pool: list[Parent], state: SearchState, rng: random.Random) -> list[Parent]:
         islands = self.config.islands

@@ -22,14 +22,16 @@ from __future__ import annotations
 import math
 import operator
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import overload
 from itertools import compress, repeat
 
 import numpy as np
 
 from evolve.config import StrategyConfig
 from evolve.families import Family, Value, canonical_params
-from evolve.strategies.base import Failed, Parent, Proposal, SearchState, fresh_immigrant, point_key, untried_seed
+from evolve.strategies.base import (Failed, Parent, Proposal, SearchState, fastest_first, fresh_immigrant,
+                                   point_key, untried_seed)
 from evolve.strategies.evolution import EvolutionStrategy
 from evolve.strategies.surrogate import Encoder, GaussianProcess, expected_improvement, failure_probability
 
@@ -119,7 +121,7 @@ class ModelStrategy:
         if sum(map(len, usable.values())) < max(2, self.config.initial_points):
             return self._random(state, tried, rng)
         # -log is decreasing: the same value as the least -log(speedup) over every candidate.
-        best_y = min(-math.log(group[0].speedup) for group in usable.values() if group)
+        best_y = min(-math.log(group[0].speedup) for group in usable.values() if len(group))
         scored: list[tuple[float, str, dict[str, Value]]] = []
         for name, family in self.families.items():
             cands, x_cand = self._candidates(name, ranked[name], tried, rng)
@@ -143,7 +145,7 @@ class ModelStrategy:
                 mu, sigma = gp.predict(x_cand)
                 length = gp.length
             else:   # a family the model knows nothing of yet: the prior of all observations
-                everyone = sorted((p for group in usable.values() for p in group), key=lambda p: p.id)
+                everyone = sorted((p for group in usable.values() for p in group[:]), key=lambda p: p.id)
                 ys = np.array([-math.log(p.speedup) for p in everyone])
                 mu = np.full(len(cands), ys.mean())
                 sigma = np.full(len(cands), ys.std() or 1.0)
@@ -166,52 +168,47 @@ class ModelStrategy:
         _, name, params = max(scored, key=lambda s: s[0])
         return Proposal(family=name, params=params, operator="model")
 
-    def _held_state(self, state: SearchState) -> tuple[dict[str, list[Parent]], dict[str, list[Parent]],
+    def _held_state(self, state: SearchState) -> tuple[dict[str, _Ranked], dict[str, _Ranked],
                                                        list[Failed], set[tuple]]:
         """Per family, its admitted correct candidates fastest first, and those of them with a
         speedup to model; the failed points of the families in id order; the keys of both.
-        Column by column (no Python step per candidate: at 10 000 each pass cost milliseconds);
-        the state comes fastest first already (checked), so nothing is sorted, and only
-        candidates new since the last proposal are keyed."""
+        From the state's columns and masks: at 10 000 candidates each Python pass over the
+        objects cost milliseconds. The state comes fastest first already (checked), so
+        nothing is sorted, and only candidates new since the last proposal are keyed."""
         correct = state.correct
-        # A column per attribute, not a tuple per candidate: 10 000 new tuples set the garbage
-        # collector walking the whole population several times.
-        ids = list(map(_ID, correct))
-        id_col = np.array(ids, dtype=np.int64)
-        speedups = np.fromiter(map(_SPEEDUP, correct), dtype=float, count=len(correct))
-        families = np.array(list(map(_FAMILY, correct)), dtype=object)
-        ahead, behind = speedups[:-1], speedups[1:]
-        ordered = bool(np.all((ahead > behind) | ((ahead == behind) & (id_col[:-1] < id_col[1:]))))
+        cols = state.columns()
+        ordered = fastest_first(cols)
+        ids = cols.ids.tolist()
         admitted = list(map(self._admits.get, ids))
         for i in compress(range(len(ids)), map(operator.is_, admitted, repeat(None))):
             admitted[i] = correct[i].family in self.families and self._admitted(correct[i])
         in_space = np.array(admitted, dtype=bool)
-        ranked: dict[str, list[Parent]] = {}
-        usable: dict[str, list[Parent]] = {}
+        positive = cols.speedups > 0
+        # Positions in the fastest-first order (the state's own, or one sorted here).
+        order = np.arange(len(ids)) if ordered else np.lexsort((cols.ids, -cols.speedups))
+        ranked: dict[str, _Ranked] = {}
+        usable: dict[str, _Ranked] = {}
         modelled = np.zeros(len(ids), dtype=bool)
         for name in self.families:
-            mine = in_space & (families == name)
-            ranked[name] = list(compress(correct, mine))
-            mine &= speedups > 0
-            usable[name] = list(compress(correct, mine))
+            mine = in_space & (cols.families == name)
+            ranked[name] = _Ranked(correct, order[mine[order]])
+            mine &= positive
+            usable[name] = _Ranked(correct, order[mine[order]])
             modelled |= mine
-        if not ordered:
-            ranked = {name: sorted(group, key=_rank) for name, group in ranked.items()}
-            usable = {name: [p for p in group if p.speedup > 0] for name, group in ranked.items()}
         failed = sorted((f for f in state.failed if f.family in self.families), key=lambda f: f.id)
-        held = set(compress(ids, modelled))
+        held = set(cols.ids[modelled].tolist())
         held.update(f.id for f in failed)
         new = held - self._held.ids
         fresh: list[Parent | Failed] = []
         if new:
-            fresh = [correct[i] for i in np.flatnonzero(modelled & np.isin(id_col, list(new)))]
+            fresh = [correct[i] for i in np.flatnonzero(modelled & np.isin(cols.ids, list(new)))]
             new -= {p.id for p in fresh}   # a candidate in both lists is held once
             fresh += [f for f in failed if f.id in new]
         self._intern_tried(state.tried)
         return ranked, usable, failed, self._held.sync(held, fresh, self._key)
 
     # ---- candidates -----------------------------------------------------------------------
-    def _candidates(self, name: str, ranked: list[Parent], tried: set,
+    def _candidates(self, name: str, ranked: _Ranked, tried: set,
                     rng: random.Random) -> tuple[list[dict[str, Value]], np.ndarray]:
         """Untried admitted points to score, and their encodings; `ranked`: the family's
         admitted correct candidates, fastest first."""
@@ -254,12 +251,12 @@ class ModelStrategy:
         return out
 
     @staticmethod
-    def _cap(ranked: list[Parent], rng: random.Random) -> list[Parent]:
+    def _cap(ranked: _Ranked, rng: random.Random) -> list[Parent]:
         """The observations to fit (`ranked`: fastest first), in candidate-id order."""
         if len(ranked) <= TRAIN_CAP:
-            return sorted(ranked, key=lambda p: p.id)
+            return sorted(ranked[:], key=lambda p: p.id)
         keep = ranked[: TRAIN_CAP // 2]
-        rest = ranked[TRAIN_CAP // 2:]
+        rest = ranked.tail(TRAIN_CAP // 2)   # sampled from, never read whole
         return sorted(keep + rng.sample(rest, TRAIN_CAP - len(keep)), key=lambda p: p.id)
 
     def _random(self, state: SearchState, tried: set, rng: random.Random) -> Proposal | None:
@@ -280,6 +277,31 @@ _ID, _SPEEDUP, _FAMILY = operator.attrgetter("id"), operator.attrgetter("speedup
 
 def _rank(p: Parent) -> tuple[float, int]:
     return (-p.speedup, p.id)
+
+
+class _Ranked(Sequence):
+    """Candidates of a state by position, fetched only when read: a proposal reads the best
+    few and a random sample of the rest, never all 10 000. A slice is a list."""
+
+    def __init__(self, correct: list[Parent], positions: np.ndarray):
+        self.correct = correct
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, i: int) -> Parent: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Parent]: ...
+
+    def __getitem__(self, i: int | slice) -> Parent | list[Parent]:
+        if isinstance(i, slice):
+            return [self.correct[j] for j in self.positions[i].tolist()]
+        return self.correct[int(self.positions[i])]
+
+    def tail(self, start: int) -> _Ranked:
+        return _Ranked(self.correct, self.positions[start:])
 
 
 class _HeldKeys:

@@ -2,7 +2,8 @@
 read, hands out the state a full read gives (`search_state`), in the same order, through
 the changes a population goes through: stages running then finishing, a bench passing
 then failing on a re-run, failures of the point and of the server, and a first read of a
-population that already holds results (a resumed run)."""
+population that already holds results (a resumed run); and the columns it keeps beside
+the order are the order's."""
 from __future__ import annotations
 
 import random
@@ -11,6 +12,7 @@ from evolve.families import load_family
 from evolve.loop import search_state
 from evolve.population import NewCandidate, Population, StageResult
 from evolve.search_view import SearchView
+from evolve.strategies.base import Columns
 from tests.evolve_search.conftest import NUMPY_FAMILY
 
 
@@ -20,6 +22,9 @@ def _same(view: SearchView, pop: Population, wid: int) -> None:
     assert [(p.id, p.speedup, p.params, p.generation) for p in kept.correct] == \
         [(p.id, p.speedup, p.params, p.generation) for p in full.correct]
     assert [(f.id, f.kind, f.params) for f in kept.failed] == [(f.id, f.kind, f.params) for f in full.failed]
+    # The columns it keeps in step with the order are those of the list it hands out.
+    built = Columns.of(kept.correct)
+    assert all(a.tolist() == b.tolist() for a, b in zip(kept.columns(), built))
 
 
 def test_the_view_kept_up_to_date_equals_a_full_read(pop):
