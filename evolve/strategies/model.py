@@ -23,8 +23,8 @@ import math
 import operator
 import random
 from collections.abc import Callable, Iterable, Sequence
-from typing import overload
 from itertools import compress, repeat
+from typing import overload
 
 import numpy as np
 
@@ -272,14 +272,7 @@ class ModelStrategy:
         return True
 
 
-_ID, _SPEEDUP, _FAMILY = operator.attrgetter("id"), operator.attrgetter("speedup"), operator.attrgetter("family")
-
-
-def _rank(p: Parent) -> tuple[float, int]:
-    return (-p.speedup, p.id)
-
-
-class _Ranked(Sequence):
+class _Ranked(Sequence[Parent]):
     """Candidates of a state by position, fetched only when read: a proposal reads the best
     few and a random sample of the rest, never all 10 000. A slice is a list."""
 
