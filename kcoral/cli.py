@@ -126,11 +126,14 @@ def exit_status(result: Any) -> int:
 
 def write_local_files(root: str, files: dict[str, bytes]) -> list[str]:
     """Write returned files under ``root`` (paths re-checked here: nothing escapes it)."""
-    from kcoral.archive import ArchiveError, normalize_member_path
+    from kcoral.runners.sandboxed import ArchiveError, PathError, normalize_path
 
     written = []
     for rel, data in sorted(files.items()):
-        norm = normalize_member_path(rel)
+        try:
+            norm = normalize_path(rel, allow_root=True)
+        except PathError as exc:
+            raise ArchiveError(str(exc)) from None
         target = os.path.join(root, *norm.split("/"))
         current = root
         for part in norm.split("/")[:-1]:  # never create or write under a link

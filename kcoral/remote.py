@@ -14,13 +14,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .archive import ArchiveError, normalize_member_path, pack_directories
+from .archive import ArchiveError, pack_directories
 from .capabilities import capabilities_of
 from .client import Client
 from .errors import RemoteError
 from .ncu import KEY_METRICS, NcuError, NcuMetrics, parse_raw_csv
 from .program import Program
 from .runners import bundle_source
+from .runners.sandboxed import PathError, normalize_path
 from .wire import MAX_TIMEOUT_SECONDS, Outcome
 
 # Set by the server for each worker; a client value would point the app at another GPU.
@@ -48,8 +49,8 @@ class SendSpec:
             raise ToolInputError("remote_subdir must be a string")
         if self.remote_subdir:
             try:
-                norm = normalize_member_path(self.remote_subdir)
-            except ArchiveError as exc:
+                norm = normalize_path(self.remote_subdir, allow_root=True)
+            except PathError as exc:
                 raise ToolInputError(f"bad remote directory {self.remote_subdir!r}: {exc}") from None
             object.__setattr__(self, "remote_subdir", norm)
 
@@ -214,8 +215,8 @@ def run_python(client: Client, sends: Sequence[SendSpec], script: str,
     ``outputs`` are paths (files or directories) relative to that directory."""
     for o in outputs:
         try:
-            normalize_member_path(o)
-        except ArchiveError as exc:
+            normalize_path(o, allow_root=True)
+        except PathError as exc:
             raise ToolInputError(f"-o {o!r}: {exc}") from None
     spec = {"script": script, "args": list(args), "env": dict(env or {}),
             "outputs": list(outputs)}

@@ -11,7 +11,6 @@ import datetime
 import hashlib
 import os
 import shutil
-import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from kcoral.capabilities import ROUTED_EXTENSIONS_KEY, SERVER_EXTENSIONS
 from kcoral.extensions import OptIn, header_value
+from kcoral.runners.sandboxed import open_read
 from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
 
 from .blobs import BlobStore, default_blob_dir, memory_dir
@@ -638,14 +638,10 @@ def _read_capped(path: str, limit: int) -> tuple[str, bool]:
     # The program can replace these files (they sit next to its working directory): a
     # link is not followed and a FIFO or device is not opened for blocking reads.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_read(path)
     except OSError:
         return "", False
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        return "", False
     with open(fd, "rb") as f:
-        size = st.st_size
+        size = os.fstat(fd).st_size
         data = f.read(limit)
     return data.decode("utf-8", "replace"), size > limit

@@ -7,7 +7,6 @@ instruction index and every earlier result.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import traceback
@@ -19,6 +18,7 @@ import numpy as np
 
 from kcoral import builtins as program_helpers
 from kcoral.extensions import OptIn
+from kcoral.runners.sandboxed import kill_orphans
 from kcoral.values import ALL_DTYPES, PartSink, SerializationError, encode_value, numpy_dtype
 from kcoral.wire import RELEASED_DTYPES, TRACEBACK_LIMIT, normalize_path
 
@@ -54,42 +54,6 @@ def _silence_output() -> None:
     os.dup2(null, 1)
     os.dup2(null, 2)
     os.close(null)
-
-
-def _children() -> list[int]:
-    """This worker's child processes (orphans included: the worker is a subreaper)."""
-    pids: list[int] = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return pids
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/children") as f:
-                pids.extend(int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
-def _kill_children(rounds: int = 100) -> None:
-    """Kill and reap every process a finished program left behind, so none keeps running
-    (or holding the GPU) while the worker serves the next program. A killed process's own
-    children are re-parented to the worker, hence the rounds."""
-    for _ in range(rounds):
-        pids = _children()
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
 
 
 def _is_cuda_error(exc: BaseException) -> bool:
@@ -212,7 +176,9 @@ class Executor:
             except Exception:  # noqa: BLE001 - a program may have replaced or closed them
                 pass
             self._release()
-            _kill_children()
+            # Nothing the program started may keep running (or hold the GPU) once it is
+            # done: killed and reaped, however long the reaping takes.
+            kill_orphans(reap_s=None)
         self.chan.send({"t": "done", "status": status, "error": error, "recycle": self.recycle,
                         "bad_blobs": self.bad_blobs})
 

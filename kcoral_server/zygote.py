@@ -33,6 +33,8 @@ import sys
 import time
 from typing import Any
 
+from kcoral.runners.sandboxed import kill_orphans
+
 from . import privs
 from .privs import Namespace
 
@@ -157,25 +159,11 @@ class _Zygote:
             status_fd = self.workers.pop(pid, None)
             if status_fd is None:
                 continue  # a launcher (it reported itself) or an orphan already dead
-            _kill_orphans(self.workers)
+            # Processes a dead worker left behind (--sandbox none; with a sandbox they die
+            # with its PID namespace): killed here, reaped by this loop.
+            kill_orphans(keep=self.workers, reap_s=0)
             _report(status_fd, f"exit {os.waitstatus_to_exitcode(wstatus)}")
             os.close(status_fd)
-
-
-def _kill_orphans(workers: dict[int, int]) -> None:
-    """Children of ours that are not workers: processes a dead worker left behind
-    (--sandbox none; with a sandbox they die with its PID namespace)."""
-    try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as f:
-            pids = [int(x) for x in f.read().split()]
-    except OSError:
-        return
-    for pid in pids:
-        if pid not in workers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def main() -> None:

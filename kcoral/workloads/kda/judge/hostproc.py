@@ -11,17 +11,15 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from . import sandboxed
 from .channel import Channel, ChannelClosed
 from .harness import CandidateError
-from .runner import children_by_parent
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
@@ -186,11 +184,8 @@ class HostProcess:
         except OSError:
             pass
         self.chan.close()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
+        # It was asked to exit: no SIGTERM and grace, straight to SIGKILL of its group and tree.
+        sandboxed.kill_tree(self.proc, grace_s=0)
         sweep_orphans()
         for buf in self.adopted:
             self.arena.free(buf)
@@ -208,27 +203,4 @@ def _chown_tree(path: Path, uid: int) -> None:
 def sweep_orphans() -> None:
     """Kill every descendant of the judge that is not a live host or inside one. Orphans
     of closed hosts were re-parented to the judge (its subreaper flag)."""
-    children = children_by_parent()
-    keep = set(_live)
-    doomed: list[int] = []
-    stack = [c for c in children.get(os.getpid(), []) if c not in keep]
-    while stack:
-        pid = stack.pop()
-        doomed.append(pid)
-        stack.extend(children.get(pid, []))
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + 5
-    while doomed and time.monotonic() < deadline:
-        for pid in list(doomed):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # not ours to reap (its parent was a doomed process)
-                done = pid
-            if done:
-                doomed.remove(pid)
-        if doomed:
-            time.sleep(0.01)
+    sandboxed.kill_orphans(keep=set(_live))
