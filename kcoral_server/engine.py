@@ -14,7 +14,7 @@ import shutil
 import stat
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from kcoral.capabilities import ROUTED_EXTENSIONS_KEY, SERVER_EXTENSIONS
@@ -31,7 +31,8 @@ from .journal import Journal, StoredResponse
 from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
 from . import cpusets, privs
 from .pool import WorkerHandle, WorkerPool, WorkerRun, WorkerSpec
-from .reqlog import log_event, log_request
+from .reply import Reply, error_reply
+from .reqlog import RequestLog, log_event, log_request
 from .sandbox import SandboxLimits, SandboxMode, SandboxPolicy
 from .scheduler import LeaseScheduler
 from .tempdirs import make_owned_dir, sweep_stale
@@ -43,29 +44,6 @@ RUN_DIR_PREFIX = "kcoral-server-"
 # of an evolve run from the same shell (its database above all).
 _SECRET_ENV = ("KCORAL_SERVER_TOKEN", "KCORAL_TOKEN", "KCORAL_NODE_TOKEN")
 _SECRET_ENV_PREFIXES = ("EVOLVE_",)
-
-
-@dataclass
-class Reply:
-    status_code: int
-    body: bytes
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class RequestLog:
-    """Fields of the one log line a request produces."""
-
-    request_id: str
-    client: str
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-def error_reply(code: int, kind: str, message: str, request_id: str, retry_after: int | None = None, **extra: Any) -> Reply:
-    body = {"status": "ERROR", "request_id": request_id, "error": {"kind": kind, "message": message}, **extra}
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-    return Reply(code, dumps(body), headers=headers)
 
 
 # How long a program whose client disconnected keeps running in case a retry with its
