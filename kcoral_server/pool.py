@@ -14,6 +14,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -235,7 +236,7 @@ class WorkerHandle:
         leases: LeaseScheduler | None,
         seeds: SeedsFn,
         max_part_bytes: int,
-        blob_fds: list[int] = (),
+        blob_fds: Sequence[int] = (),
     ) -> WorkerRun:
         assert self.chan is not None
         res = WorkerRun()
@@ -449,8 +450,9 @@ class WorkerPool:
 
     def _pick(self) -> WorkerHandle:
         # Prefer a worker whose GPU has the shortest lease line.
-        if self.leases is not None and len(self._idle) > 1:
-            best = min(self._idle, key=lambda w: self.leases.depth(w.gpu_id) if w.gpu_id is not None else 0)
+        leases = self.leases
+        if leases is not None and len(self._idle) > 1:
+            best = min(self._idle, key=lambda w: leases.depth(w.gpu_id) if w.gpu_id is not None else 0)
             self._idle.remove(best)
             return best
         return self._idle.pop(0)
