@@ -7,7 +7,7 @@ method) stays as it is.
 """
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -32,7 +32,7 @@ from .reqlog import log_event
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def build_app(engine: Engine, auth: BearerAuth, join: "RouterJoin | None" = None) -> Starlette:
+def build_app(engine: Engine, auth: BearerAuth, join: RouterJoin | None = None) -> Starlette:
     """The server's routes; with `join`, it also serves a router's slots once started."""
     async def health(request: Request) -> Response:
         return JSONResponse(engine.health(AUTHENTICATED in request.auth.scopes))
@@ -69,24 +69,6 @@ def build_app(engine: Engine, auth: BearerAuth, join: "RouterJoin | None" = None
             authorized,
         ])
 
-    @asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        await engine.start()
-        node = None
-        try:
-            if join is not None:
-                from .gateway.node import RouterNode   # grpc only where a router is joined
-                node = RouterNode(_app, router_url=join.router_url, node_id=join.node_id, token=join.token,
-                                  slots=len(engine.specs), status=engine.node_status)
-                _app.state.router_node = node
-                await node.start()
-            yield
-        finally:
-            if node is not None:
-                await node.close()
-            await engine.close()
-            log_event("server_stopped", instance_id=engine.instance_id)
-
     return Starlette(
         routes=[
             Route("/health", health, methods=["GET"],
@@ -97,5 +79,28 @@ def build_app(engine: Engine, auth: BearerAuth, join: "RouterJoin | None" = None
             Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
                   middleware=[authorized]),
         ],
-        lifespan=lifespan,
+        lifespan=_lifespan(engine, join),
     )
+
+
+def _lifespan(engine: Engine, join: RouterJoin | None) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """Start the engine (and the router node, with `join`) before serving; close both after."""
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await engine.start()
+        node = None
+        try:
+            if join is not None:
+                from .gateway.node import RouterNode   # grpc only where a router is joined
+                node = RouterNode(app, router_url=join.router_url, node_id=join.node_id, token=join.token,
+                                  slots=len(engine.specs), status=engine.node_status)
+                app.state.router_node = node
+                await node.start()
+            yield
+        finally:
+            if node is not None:
+                await node.close()
+            await engine.close()
+            log_event("server_stopped", instance_id=engine.instance_id)
+
+    return lifespan
