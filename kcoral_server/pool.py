@@ -433,7 +433,7 @@ class WorkerPool:
                 if isinstance(w, WorkerHandle):
                     await w.stop()
             raise RuntimeError(f"workers could not start: {errors[0]}") from errors[0]
-        for slot, w in zip(self.slots.values(), workers):
+        for slot, w in zip(self.slots.values(), workers, strict=True):
             assert isinstance(w, WorkerHandle)
             slot.current = w
             self._checkin(w)
