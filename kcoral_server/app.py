@@ -2,8 +2,8 @@
 
 The routes hold only their own logic; the bearer token, the request log line and the
 protocol's error answers are middleware (kcoral_server/middleware), put on each route
-rather than on the app so that what Starlette answers before a route (405 to an unknown
-method) stays as it is.
+rather than on the app: /health is open, only /execute and POST /jobs are logged, and
+what Starlette answers before any route (405 to an unknown method) stays as it was.
 """
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
-"""ASGI middleware for what every protected route shares: the bearer token, the request
-log line and the protocol's error answers. app.py puts them on the routes that need them."""
+"""ASGI middleware for what the routes share: the bearer token, the request log line and
+the protocol's error answers, one module each. app.py puts each on the routes that need it."""
