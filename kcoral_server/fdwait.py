@@ -16,7 +16,12 @@ async def readable(fd: int, timeout: float | None) -> None:
     """Until `fd` is readable (or at end of file), or `timeout` seconds (TimeoutError)."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, ready)
     try:
         await asyncio.wait_for(fut, timeout)
     finally:
