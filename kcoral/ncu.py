@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from .errors import NcuError
+
 # Model field -> ncu metric. The "excessive" column is labelled `byte` by ncu but its value
 # is the sector count that the SourceCounters rule text reports.
 METRIC_FIELDS: dict[str, str] = {
@@ -30,10 +32,6 @@ KEY_METRICS: list[str] = list(METRIC_FIELDS.values())
 _INT_FIELDS = {"sectors_excessive", "sectors_total", "sectors_ideal", "registers",
                "shared_bank_conflicts"}
 _NAME_COLUMNS = ("Kernel Name", "Function Name", "Name")
-
-
-class NcuError(ValueError):
-    """Report output that cannot be read; the message says why."""
 
 
 class KernelMetrics(BaseModel):

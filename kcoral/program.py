@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from .values import tensor_payload
-from .wire import DTYPE_ITEMSIZE, normalize_path
+from .protocol.dtypes import DTYPE_ITEMSIZE
+from .protocol.paths import normalize_path
 
 
 @dataclass(frozen=True)

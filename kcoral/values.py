@@ -13,11 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .wire import DTYPE_ITEMSIZE, WireError
-
-
-class SerializationError(ValueError):
-    """A value that the protocol cannot carry (FAILED kind `serialization`)."""
+from .errors import SerializationError, WireError
+from .protocol.dtypes import DTYPE_ITEMSIZE
 
 
 @dataclass

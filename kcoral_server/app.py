@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kcoral.extensions import HEADER, parse_header
+from kcoral.protocol.error_kind import ErrorKind
 
 from .auth import BearerAuth
 from .cancel import watch_disconnect
@@ -72,16 +73,16 @@ def build_app(engine: Engine, auth: BearerAuth, join: "RouterJoin | None" = None
         log = RequestLog(rid, _client(request))
         try:
             if not auth.allows(request.headers.get("authorization")):
-                reply = error_reply(401, "unauthorized", "missing or wrong bearer token", rid)
+                reply = error_reply(401, ErrorKind.UNAUTHORIZED, "missing or wrong bearer token", rid)
             else:
                 try:
                     body = await _read_body(request, engine.config.max_request_bytes)
                 except _TooLarge:
-                    reply = error_reply(413, "request_too_large",
+                    reply = error_reply(413, ErrorKind.REQUEST_TOO_LARGE,
                                         f"request exceeds {engine.config.max_request_bytes} bytes", rid)
                 except ClientDisconnect:  # gone while sending the body: nothing ran
                     log.fields["status"] = "CANCELLED"
-                    reply = error_reply(499, "cancelled", "the client disconnected while sending the request", rid)
+                    reply = error_reply(499, ErrorKind.CANCELLED, "the client disconnected while sending the request", rid)
                 else:
                     async with watch_disconnect(request.receive) as gone:
                         reply = await engine.execute(body, request.headers.get("content-type"),
@@ -89,7 +90,7 @@ def build_app(engine: Engine, auth: BearerAuth, join: "RouterJoin | None" = None
                                                      parse_header(request.headers.get(HEADER)), gone)
         except Exception as exc:  # noqa: BLE001 - an engine bug answers 500, never a dropped connection
             log.fields["exception"] = traceback.format_exc()[-2000:]
-            reply = error_reply(500, "engine", f"{type(exc).__name__}: {exc}", rid)
+            reply = error_reply(500, ErrorKind.ENGINE, f"{type(exc).__name__}: {exc}", rid)
         reply.headers.setdefault("X-Request-ID", rid)
         reply.headers.setdefault("X-Instance-ID", engine.instance_id)
         fields: dict[str, Any] = dict(log.fields)
@@ -103,19 +104,19 @@ def build_app(engine: Engine, auth: BearerAuth, join: "RouterJoin | None" = None
         log = RequestLog(rid, _client(request))
         t0 = time.monotonic()
         if not auth.allows(request.headers.get("authorization")):
-            reply = error_reply(401, "unauthorized", "missing or wrong bearer token", rid)
+            reply = error_reply(401, ErrorKind.UNAUTHORIZED, "missing or wrong bearer token", rid)
         else:
             try:
                 body = await _read_body(request, engine.config.max_request_bytes)
             except _TooLarge:
-                reply = error_reply(413, "request_too_large", f"request exceeds {engine.config.max_request_bytes} bytes", rid)
+                reply = error_reply(413, ErrorKind.REQUEST_TOO_LARGE, f"request exceeds {engine.config.max_request_bytes} bytes", rid)
             else:
                 try:
                     reply = await engine.submit_job(body, request.headers.get("content-type"), log,
                                                     parse_header(request.headers.get(HEADER)))
                 except Exception as exc:  # noqa: BLE001
                     log.fields["exception"] = traceback.format_exc()[-2000:]
-                    reply = error_reply(500, "engine", f"{type(exc).__name__}: {exc}", rid)
+                    reply = error_reply(500, ErrorKind.ENGINE, f"{type(exc).__name__}: {exc}", rid)
         reply.headers.setdefault("X-Request-ID", rid)
         reply.headers.setdefault("X-Instance-ID", engine.instance_id)
         fields: dict[str, Any] = dict(log.fields)
@@ -126,15 +127,15 @@ def build_app(engine: Engine, auth: BearerAuth, join: "RouterJoin | None" = None
 
     async def get_job(request: Request) -> Response:
         if not auth.allows(request.headers.get("authorization")):
-            return _response(error_reply(401, "unauthorized", "missing or wrong bearer token", "-"))
+            return _response(error_reply(401, ErrorKind.UNAUTHORIZED, "missing or wrong bearer token", "-"))
         reply = engine.job_reply(request.path_params["job_id"])
         reply.headers.setdefault("X-Instance-ID", engine.instance_id)
         return _response(reply)
 
     async def not_found(request: Request) -> Response:
         if not auth.allows(request.headers.get("authorization")):
-            return _response(error_reply(401, "unauthorized", "missing or wrong bearer token", "-"))
-        return _response(error_reply(404, "not_found", f"no route {request.method} {request.url.path}", "-"))
+            return _response(error_reply(401, ErrorKind.UNAUTHORIZED, "missing or wrong bearer token", "-"))
+        return _response(error_reply(404, ErrorKind.NOT_FOUND, f"no route {request.method} {request.url.path}", "-"))
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -19,13 +19,17 @@ import numpy as np
 
 from kcoral import builtins as program_helpers
 from kcoral.extensions import OptIn
-from kcoral.values import ALL_DTYPES, PartSink, SerializationError, encode_value, numpy_dtype
-from kcoral.wire import RELEASED_DTYPES, TRACEBACK_LIMIT, normalize_path
+from kcoral.errors import SerializationError
+from kcoral.protocol.dtypes import RELEASED_DTYPES
+from kcoral.protocol.error_kind import ErrorKind
+from kcoral.protocol.limits import TRACEBACK_LIMIT
+from kcoral.protocol.paths import normalize_path
+from kcoral.values import ALL_DTYPES, PartSink, encode_value, numpy_dtype
 
 from . import builtins as builtin_registry
 from .builtins import CudaSource
 from .channel import FDS_PER_MESSAGE, SyncChannel
-from .failures import ErrorKind, ParseFailure, ProgramFailure, SerializationFailure, Unavailable
+from .failures import ParseFailure, ProgramFailure, SerializationFailure, Unavailable
 from .workspace import BlobCorrupted, BlobRef, WorkspaceError, read_blob, read_file, read_folder, write_file_from
 
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from kcoral.values import FileValue, FolderValue
-from kcoral.wire import normalize_path
+from kcoral.protocol.paths import normalize_path
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kcoral.archive import pack_directory
+from kcoral.errors import KcoralError
 from kcoral import workloads
 
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".git")
 
 
-class BenchInputError(ValueError):
+class BenchInputError(KcoralError, ValueError):
     """A workload or candidate path that cannot be benchmarked; the message says why."""
 
 
