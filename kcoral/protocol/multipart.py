@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kcoral.errors import WireError
@@ -25,7 +26,7 @@ def new_boundary() -> str:
     return "kcoral-" + os.urandom(16).hex()
 
 
-def encode_multipart(parts: list[tuple[str, str, bytes | memoryview]], boundary: str | None = None,
+def encode_multipart(parts: Sequence[tuple[str, str, bytes | memoryview]], boundary: str | None = None,
                      part_lengths: bool = True) -> tuple[str, list[bytes | memoryview]]:
     """Frame parts as multipart/form-data; returns (content-type header, body chunks).
 

@@ -6,7 +6,7 @@ that pass it.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Iterator, Literal, Union
+from typing import Annotated, Any, Iterator, Literal, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -101,6 +101,7 @@ class ReturnPath(_Strict):
 
 
 Upload = Union[UploadModule, UploadTensor, UploadBytes, UploadFile, UploadLibrary]
+UPLOAD_MODELS = (UploadModule, UploadTensor, UploadBytes, UploadFile, UploadLibrary)
 Instruction = Union[Upload, GetFunction, Run, ReturnValue, ReturnPath]
 
 _UPLOAD_KINDS: dict[str, type[_Strict]] = {
@@ -173,7 +174,7 @@ def _parse_instruction(index: int, raw: Any) -> Instruction:
     if op == "run" and isinstance(raw.get("fn"), dict):
         raw = {**raw, "fn": Ref.model_validate(_check_ref_shape(index, raw["fn"]))}
     try:
-        return model.model_validate(raw)  # type: ignore[return-value]
+        return cast(Instruction, model.model_validate(raw))
     except ValidationError as exc:
         raise WireError(f"instruction {index} ({op}): {_describe(exc)}") from None
 
@@ -289,4 +290,4 @@ def _check_semantics(instructions: list[Instruction], nested_refs: bool = True) 
         if ident is not None:
             if ident in kinds:
                 raise WireError(f"instruction {i}: duplicate id {ident!r}")
-            kinds[ident] = f"upload:{ins.kind}" if ins.op == "upload" else ins.op  # type: ignore[union-attr]
+            kinds[ident] = f"upload:{ins.kind}" if isinstance(ins, UPLOAD_MODELS) else ins.op
