@@ -21,7 +21,7 @@ from kcoral import builtins as program_helpers
 from kcoral.extensions import OptIn
 from kcoral.errors import SerializationError
 from kcoral.protocol.dtypes import RELEASED_DTYPES
-from kcoral.protocol.error_kind import ErrorKind
+from kcoral.protocol.error_kind import FAILED_KINDS, ErrorKind
 from kcoral.protocol.limits import TRACEBACK_LIMIT
 from kcoral.protocol.paths import normalize_path
 from kcoral.values import ALL_DTYPES, PartSink, encode_value, numpy_dtype
@@ -108,10 +108,8 @@ def _error_kind(exc: BaseException) -> ErrorKind:
     if isinstance(exc, ProgramFailure):
         return exc.kind
     if isinstance(exc, program_helpers.ExecutionError):
-        try:
-            return ErrorKind(exc.kind)
-        except ValueError:
-            return ErrorKind.RUNTIME
+        kind = ErrorKind.of(exc.kind)
+        return kind if isinstance(kind, ErrorKind) and kind in FAILED_KINDS else ErrorKind.RUNTIME
     if isinstance(exc, SerializationError):
         return ErrorKind.SERIALIZATION
     if isinstance(exc, WorkspaceError):

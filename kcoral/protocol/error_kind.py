@@ -51,3 +51,11 @@ class ErrorKind(StrEnum):
             return cls(value)
         except ValueError:
             return value
+
+
+# The kinds a FAILED outcome carries (the released protocol's); any other kind is an answer
+# or the client's own.
+FAILED_KINDS: frozenset[ErrorKind] = frozenset({
+    ErrorKind.PARSE, ErrorKind.COMPILE, ErrorKind.RUNTIME, ErrorKind.ENGINE, ErrorKind.CORRECTNESS,
+    ErrorKind.SERIALIZATION, ErrorKind.UNAVAILABLE, ErrorKind.GPU_ACCESS,
+})
