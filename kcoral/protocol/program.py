@@ -101,7 +101,8 @@ class ReturnPath(_Strict):
 
 
 Upload = Union[UploadModule, UploadTensor, UploadBytes, UploadFile, UploadLibrary]
-UPLOAD_MODELS = (UploadModule, UploadTensor, UploadBytes, UploadFile, UploadLibrary)
+_UPLOAD_MODELS = (  # Upload, as isinstance takes it (mypy narrows a tuple, not a Union alias)
+    UploadModule, UploadTensor, UploadBytes, UploadFile, UploadLibrary)
 Instruction = Union[Upload, GetFunction, Run, ReturnValue, ReturnPath]
 
 _UPLOAD_KINDS: dict[str, type[_Strict]] = {
@@ -290,4 +291,4 @@ def _check_semantics(instructions: list[Instruction], nested_refs: bool = True) 
         if ident is not None:
             if ident in kinds:
                 raise WireError(f"instruction {i}: duplicate id {ident!r}")
-            kinds[ident] = f"upload:{ins.kind}" if isinstance(ins, UPLOAD_MODELS) else ins.op
+            kinds[ident] = f"upload:{ins.kind}" if isinstance(ins, _UPLOAD_MODELS) else ins.op
