@@ -75,7 +75,7 @@ def add_send_options(parser: argparse.ArgumentParser, default_timeout: float = 6
 
 def make_client(args: argparse.Namespace) -> "Client":
     from kcoral.client import Client
-    from kcoral.remote import ToolInputError
+    from kcoral.errors import ToolInputError
     from kcoral.token import TokenFileError, token_from_args
 
     if not args.remote:
@@ -168,10 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from kcoral.archive import ArchiveError
-    from kcoral.errors import RemoteError
+    from kcoral.errors import NcuError, RemoteError, ToolInputError
     from kcoral.iket import IketError
-    from kcoral.ncu import NcuError
-    from kcoral.remote import ToolInputError
 
     try:
         code = args.func(args)

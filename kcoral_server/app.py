@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kcoral.extensions import HEADER, parse_header
+from kcoral.protocol.error_kind import ErrorKind
 
 from .auth import BearerAuth
 from .body import read_body
@@ -57,7 +58,7 @@ def build_app(engine: Engine, auth: BearerAuth, join: RouterJoin | None = None) 
         return reply.to_response()
 
     async def not_found(request: Request) -> Response:
-        return error_reply(404, "not_found", f"no route {request.method} {request.url.path}", "-").to_response()
+        return error_reply(404, ErrorKind.NOT_FOUND, f"no route {request.method} {request.url.path}", "-").to_response()
 
     authorized = Middleware(BearerAuthMiddleware, auth=auth)
 

@@ -19,7 +19,11 @@ from typing import Any, Awaitable, Callable
 from kcoral.capabilities import ROUTED_EXTENSIONS_KEY, SERVER_EXTENSIONS
 from kcoral.extensions import OptIn, header_value
 from kcoral.runners.sandboxed import open_read
-from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
+from kcoral.errors import WireError
+from kcoral.protocol.error_kind import ErrorKind
+from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.program import ProgramSpec, UploadTensor
+from kcoral.protocol.strict_json import dumps
 
 from .blobs import BlobStore, default_blob_dir, memory_dir
 from .cancel import Cancelled, Disconnect, unless_abandoned
@@ -28,7 +32,7 @@ from .gpuinfo import detect_gpus, target_arch, versions
 from .holdout import SALT_FILE_NAME, HoldoutSalt
 from .joinconfig import NodeStatus
 from .journal import Journal, StoredResponse
-from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
+from .execute_body import ParsedRequest, check_tensor_size, parse_execute_body
 from . import cpusets, privs
 from .pool import WorkerHandle, WorkerPool, WorkerRun, WorkerSpec
 from .reply import Reply, error_reply
@@ -245,7 +249,7 @@ class Engine:
         """Run one program; `gone` is set when the client disconnects, which cancels it."""
         rid = log.request_id
         if self.draining:
-            return error_reply(503, "busy", "server is draining", rid, retry_after=5)
+            return error_reply(503, ErrorKind.BUSY, "server is draining", rid, retry_after=5)
         self._enter()
         try:
             return await self._execute(body, content_type, idem_key, log, opt_ins, gone)
@@ -290,14 +294,14 @@ class Engine:
             else:
                 parsed = parse_execute_body(body, content_type, nested)
         except WireError as exc:
-            return error_reply(400, "parse", str(exc), rid)
+            return error_reply(400, ErrorKind.PARSE, str(exc), rid)
         gpu_count = parsed.program.options.gpu_count
         if gpu_count is not None and gpu_count > min(1, len(self.gpu_ids)):
             # Each worker leases one GPU; the released server refuses a CPU server's the same way.
-            return error_reply(400, "parse", f"gpu_count {gpu_count} exceeds this server's capacity "
+            return error_reply(400, ErrorKind.PARSE, f"gpu_count {gpu_count} exceeds this server's capacity "
                                f"of {min(1, len(self.gpu_ids))} GPU per program", rid)
         if key is not None and (len(key) > 256 or not key.isprintable()):
-            return error_reply(400, "parse", "Idempotency-Key must be at most 256 printable characters", rid)
+            return error_reply(400, ErrorKind.PARSE, "Idempotency-Key must be at most 256 printable characters", rid)
         return parsed
 
     async def _admit(self, parsed: ParsedRequest, key: str | None, log: RequestLog,
@@ -313,7 +317,7 @@ class Engine:
                 if entry is not None:
                     if entry.program_hash != binding:
                         self.blobs.trim()
-                        return error_reply(400, "parse", "Idempotency-Key was already used for a different program", rid)
+                        return error_reply(400, ErrorKind.PARSE, "Idempotency-Key was already used for a different program", rid)
                     entry.wanted.set()  # the first attempt finishes for us even if its client leaves
                     await unless_abandoned(entry.done.wait(), gone)
                     if entry.response is not None:
@@ -332,7 +336,7 @@ class Engine:
                 self._check_cached_tensors(parsed)
             except WireError as exc:
                 self.blobs.trim()
-                return error_reply(400, "parse", str(exc), rid)
+                return error_reply(400, ErrorKind.PARSE, str(exc), rid)
             self.blobs.pin(referenced)
             if key is not None:
                 self.journal.begin(key, binding)
@@ -370,7 +374,7 @@ class Engine:
         """POST /jobs: admit like /execute, answer 202 with a job id at once, run in the background."""
         rid = log.request_id
         if self.draining:
-            return error_reply(503, "busy", "server is draining", rid, retry_after=5)
+            return error_reply(503, ErrorKind.BUSY, "server is draining", rid, retry_after=5)
         job_id = uuid.uuid4().hex
         self._enter()
         try:
@@ -398,7 +402,7 @@ class Engine:
             code = 500
             self.journal.begin(f"job:{job_id}", "")  # the failed run dropped the key
             await self.journal.finish(f"job:{job_id}", StoredResponse(500, {"Content-Type": "application/json"},
-                                      error_reply(500, "engine", f"{type(exc).__name__}: {exc}", log.request_id).body))
+                                      error_reply(500, ErrorKind.ENGINE, f"{type(exc).__name__}: {exc}", log.request_id).body))
         finally:
             self._leave()
         fields = dict(log.fields)
@@ -410,7 +414,7 @@ class Engine:
         """GET /jobs/{id}: 202 while it runs, then the stored answer (as /execute gives it)."""
         entry = self.journal.get(f"job:{job_id}")
         if entry is None:
-            return error_reply(404, "not_found", f"no job {job_id!r} (unknown or expired)", "-")
+            return error_reply(404, ErrorKind.NOT_FOUND, f"no job {job_id!r} (unknown or expired)", "-")
         if entry.response is None:
             return Reply(202, dumps({"status": "RUNNING", "job_id": job_id}))
         return _replayed(entry.response)
@@ -464,13 +468,13 @@ class Engine:
         rid = log.request_id
         workers = max(1, len(self.specs))
         if self.pool.queue_length >= self.config.max_queue and not self.pool.has_idle:
-            return error_reply(503, "busy", f"queue is full ({self.pool.queue_length} waiting)", rid,
+            return error_reply(503, ErrorKind.BUSY, f"queue is full ({self.pool.queue_length} waiting)", rid,
                                retry_after=max(1, self.pool.queue_length // workers))
         t_queue = time.monotonic()
         try:
             worker = await self.pool.checkout(self.config.queue_timeout_seconds)
         except asyncio.TimeoutError:
-            return error_reply(503, "busy", "no worker became free in time", rid,
+            return error_reply(503, ErrorKind.BUSY, "no worker became free in time", rid,
                                retry_after=max(1, self.pool.queue_length // workers + 1))
         t_dispatch = time.monotonic()
         queue_ms = (t_dispatch - t_queue) * 1e3
@@ -517,7 +521,7 @@ class Engine:
             return _timeout_reply(program, run, rid, {**common, **timings}, output)
         if run.too_large:
             log.fields["status"] = "TOO_LARGE"
-            return error_reply(500, "response_too_large", f"results exceed {self.config.max_response_bytes} bytes", rid, **common)
+            return error_reply(500, ErrorKind.RESPONSE_TOO_LARGE, f"results exceed {self.config.max_response_bytes} bytes", rid, **common)
         status, error = _outcome(program, run)
         result = _result_body(program, ran, status, error, rid, {**common, **timings}, output)
         log.fields["status"] = status
@@ -574,7 +578,7 @@ class _Output:
 
 def _timeout_reply(program: ProgramSpec, run: WorkerRun, rid: str, fields: dict[str, Any], output: _Output) -> Reply:
     where = f" in instruction {run.index} ({_instruction_info(program, run.index)[0]})" if run.index is not None else ""
-    return error_reply(504, "timeout", f"program exceeded its timeout of {program.options.timeout_seconds:g} s{where}",
+    return error_reply(504, ErrorKind.TIMEOUT, f"program exceeded its timeout of {program.options.timeout_seconds:g} s{where}",
                        rid, **fields, instruction_index=run.index, **output.fields())
 
 
@@ -584,7 +588,7 @@ def _outcome(program: ProgramSpec, run: WorkerRun) -> tuple[str, dict[str, Any] 
     if run.crashed is None:
         return run.status, run.error
     op, ins_id = _instruction_info(program, run.index)
-    return "FAILED", {"kind": "runtime", "message": run.crashed, "instruction_index": run.index,
+    return "FAILED", {"kind": ErrorKind.RUNTIME, "message": run.crashed, "instruction_index": run.index,
                       "instruction_op": op, "instruction_id": ins_id, "traceback": ""}
 
 
@@ -595,7 +599,7 @@ def _result_body(program: ProgramSpec, ran: _Ran, status: str, error: dict[str, 
     if program.options.gpu_count is not None:
         result["gpu_ids"], result["gpu_count"] = [ran.worker.gpu_id], 1  # released: reported together
     if status == "FAILED":
-        result["error"] = error or {"kind": "engine", "message": "worker reported failure without details"}
+        result["error"] = error or {"kind": ErrorKind.ENGINE, "message": "worker reported failure without details"}
     return result
 
 
@@ -613,7 +617,7 @@ def _cancelled(log: RequestLog) -> Reply:
     """What a cancelled request answers: nobody reads it (the client is gone); it gives the
     log line its status. 499 is the usual code for "client closed the request"."""
     log.fields["status"] = "CANCELLED"
-    return error_reply(499, "cancelled", "the client disconnected before the answer; the program was stopped",
+    return error_reply(499, ErrorKind.CANCELLED, "the client disconnected before the answer; the program was stopped",
                        log.request_id)
 
 

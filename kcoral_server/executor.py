@@ -19,13 +19,17 @@ import numpy as np
 from kcoral import builtins as program_helpers
 from kcoral.extensions import OptIn
 from kcoral.runners.sandboxed import kill_orphans
-from kcoral.values import ALL_DTYPES, PartSink, SerializationError, encode_value, numpy_dtype
-from kcoral.wire import RELEASED_DTYPES, TRACEBACK_LIMIT, normalize_path
+from kcoral.errors import SerializationError
+from kcoral.protocol.dtypes import RELEASED_DTYPES
+from kcoral.protocol.error_kind import FAILED_KINDS, ErrorKind
+from kcoral.protocol.limits import TRACEBACK_LIMIT
+from kcoral.protocol.paths import normalize_path
+from kcoral.values import ALL_DTYPES, PartSink, encode_value, numpy_dtype
 
 from . import builtins as builtin_registry
 from .builtins import CudaSource
 from .channel import FDS_PER_MESSAGE, SyncChannel
-from .failures import ErrorKind, ParseFailure, ProgramFailure, SerializationFailure, Unavailable
+from .failures import ParseFailure, ProgramFailure, SerializationFailure, Unavailable
 from .workspace import BlobCorrupted, BlobRef, WorkspaceError, read_blob, read_file, read_folder, write_file_from
 
 
@@ -68,10 +72,8 @@ def _error_kind(exc: BaseException) -> ErrorKind:
     if isinstance(exc, ProgramFailure):
         return exc.kind
     if isinstance(exc, program_helpers.ExecutionError):
-        try:
-            return ErrorKind(exc.kind)
-        except ValueError:
-            return ErrorKind.RUNTIME
+        kind = ErrorKind.of(exc.kind)
+        return kind if isinstance(kind, ErrorKind) and kind in FAILED_KINDS else ErrorKind.RUNTIME
     if isinstance(exc, SerializationError):
         return ErrorKind.SERIALIZATION
     if isinstance(exc, WorkspaceError):

@@ -6,7 +6,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from kcoral.wire import dumps
+from kcoral.protocol.error_kind import ErrorKind
+from kcoral.protocol.strict_json import dumps
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Reply:
         return Response(self.body, status_code=self.status_code, media_type=self.content_type, headers=self.headers)
 
 
-def error_reply(code: int, kind: str, message: str, request_id: str, retry_after: int | None = None, **extra: Any) -> Reply:
+def error_reply(code: int, kind: ErrorKind, message: str, request_id: str, retry_after: int | None = None, **extra: Any) -> Reply:
     body = {"status": "ERROR", "request_id": request_id, "error": {"kind": kind, "message": message}, **extra}
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
     return Reply(code, dumps(body), headers=headers)

@@ -137,7 +137,8 @@ def main(args: argparse.Namespace) -> int:
     url = args.remote or os.environ.get("KCORAL_REMOTE") or remote.url
     server = nullcontext(url) if url else EmbeddedServer(cpu_workers=remote.embedded_cpu_workers)
     try:
-        with server as server_url, Client(server_url) as client:
+        # One attempt per call: the pipeline owns the retries (evolve.pipeline.errors).
+        with server as server_url, Client(server_url, retries=1) as client:
             slots = remote.concurrency or server_concurrency(client.health())
             ctx = StageContext(client=client, pop=pop, workload_id=cand.workload_id,
                                workload_dir=Path(workload.path).resolve(), run_id=None, stages=stages_cfg,

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kcoral.protocol.error_kind import ErrorKind
+
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TransportTrouble, normalise_kind
@@ -52,7 +54,7 @@ def run(ctx: StageContext, cand: Candidate, against: Path | None = None) -> Stag
     with ctx.gate.slot(ctx.cancel):
         rep = run_bench(ctx.client, ctx.workload_dir, ctx.candidate_dir(cand), timeout=cfg.timeout,
                         against=against)
-    if not rep.passed and rep.failure_kind == "transport":
+    if not rep.passed and rep.failure_kind == ErrorKind.TRANSPORT:
         # The server went away mid-call: wait for it and run again inside the same row.
         raise TransportTrouble(rep.message)
     return bench_result(rep, against)

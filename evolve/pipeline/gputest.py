@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
-from evolve.pipeline.errors import TransportTrouble, normalise_kind
+from evolve.pipeline.errors import TRANSIENT_KINDS, TransportTrouble, normalise_kind
 from evolve.pipeline.timings import jsonable, node_metric, outcome_fields
 from evolve.population import Candidate, StageLogs, StageResult
 
@@ -15,7 +15,7 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     with ctx.gate.slot(ctx.cancel):
         rep = run_gputest(ctx.client, ctx.workload_dir, ctx.candidate_dir(cand), cases=cfg.cases,
                           timeout=cfg.timeout)
-    if not rep.passed and not rep.regimes and rep.message.split(":")[0] in ("transport", "busy"):
+    if not rep.passed and not rep.regimes and rep.message.split(":")[0] in TRANSIENT_KINDS:
         raise TransportTrouble(rep.message)
     regimes = jsonable(getattr(rep, "regimes", {}) or {})
     timing = outcome_fields(getattr(rep, "outcome", None))

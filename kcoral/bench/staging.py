@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcoral.errors import KcoralError
 from kcoral import workloads
 from kcoral.archive import pack_directory
 from kcoral.runners import bench_runner_source, sandboxed_source
@@ -23,7 +24,7 @@ from kcoral.runners import bench_runner_source, sandboxed_source
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".git")
 
 
-class BenchInputError(ValueError):
+class BenchInputError(KcoralError, ValueError):
     """A workload or candidate path that cannot be benchmarked; the message says why."""
 
 

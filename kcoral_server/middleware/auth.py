@@ -10,6 +10,8 @@ from starlette.authentication import AuthCredentials
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from kcoral.protocol.error_kind import ErrorKind
+
 from ..auth import BearerAuth
 from ..reply import error_reply
 from .logging import request_id
@@ -29,7 +31,7 @@ class BearerAuthMiddleware:
             return
         allowed = self.auth.allows(Headers(scope=scope).get("authorization"))
         if not allowed and self.required:
-            reply = error_reply(401, "unauthorized", "missing or wrong bearer token", request_id(scope))
+            reply = error_reply(401, ErrorKind.UNAUTHORIZED, "missing or wrong bearer token", request_id(scope))
             await reply.to_response()(scope, receive, send)
             return
         scope["auth"] = AuthCredentials([AUTHENTICATED] if allowed else [])

@@ -11,6 +11,8 @@ import traceback
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kcoral.protocol.error_kind import ErrorKind
+
 from ..body import RequestTooLarge
 from ..reply import Reply, error_reply
 from .logging import request_id, request_log
@@ -45,11 +47,11 @@ def _answer(exc: Exception, scope: Scope) -> Reply:
     log = request_log(scope)
     rid = request_id(scope)
     if isinstance(exc, RequestTooLarge):
-        return error_reply(413, "request_too_large", str(exc), rid)
+        return error_reply(413, ErrorKind.REQUEST_TOO_LARGE, str(exc), rid)
     if isinstance(exc, ClientDisconnect):  # gone while sending the body: nothing ran
         if log is not None:
             log.fields["status"] = "CANCELLED"
-        return error_reply(499, "cancelled", "the client disconnected while sending the request", rid)
+        return error_reply(499, ErrorKind.CANCELLED, "the client disconnected while sending the request", rid)
     if log is not None:
         log.fields["exception"] = "".join(traceback.format_exception(exc))[-_TRACEBACK_CHARS:]
-    return error_reply(500, "engine", f"{type(exc).__name__}: {exc}", rid)
+    return error_reply(500, ErrorKind.ENGINE, f"{type(exc).__name__}: {exc}", rid)

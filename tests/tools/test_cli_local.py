@@ -9,7 +9,8 @@ import pytest
 
 from kcoral import cli
 from kcoral.commands.status import status_line
-from kcoral.remote import SendSpec, ToolInputError, inner_timeout, pack_sends, parse_env
+from kcoral.errors import ToolInputError
+from kcoral.remote import SendSpec, inner_timeout, pack_sends, parse_env
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing answers there
 
