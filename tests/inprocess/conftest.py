@@ -2,14 +2,18 @@
 Starlette's TestClient. Nothing here starts a process or opens a socket."""
 from __future__ import annotations
 
-import time
+import functools
 
 import pytest
+import tenacity
 
 
 @pytest.fixture
 def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The retry policy's waits, recorded instead of slept (tenacity sleeps through time.sleep)."""
+    """The client's retry waits, recorded instead of slept (only the client's: the
+    TestClient's event-loop thread sleeps too)."""
+    import kcoral.client
+
     waits: list[float] = []
-    monkeypatch.setattr(time, "sleep", waits.append)
+    monkeypatch.setattr(kcoral.client, "Retrying", functools.partial(tenacity.Retrying, sleep=waits.append))
     return waits

@@ -125,13 +125,13 @@ class FakeServer:
 
 @contextmanager
 def client_for(monkeypatch: pytest.MonkeyPatch, handler: Callable[[httpx.Request], httpx.Response],
-               **options: Any) -> Iterator[Client]:
+               token: str = "t0ken", **options: Any) -> Iterator[Client]:
     """A real `Client` whose HTTP goes to `handler` in this process. The client builds its
     own transport (one whose sockets abort() can shut down); here it gets a MockTransport,
     which has no sockets, so abort() falls back to closing the client."""
     import kcoral.client
 
     monkeypatch.setattr(kcoral.client, "tracking_transport", lambda: (httpx.MockTransport(handler), None))
-    with Client("http://kcoral.test", token="t0ken", **options) as client:
+    with Client("http://kcoral.test", token=token, **options) as client:
         yield client
 
