@@ -52,9 +52,9 @@ def render(family: str, overrides: dict, dest_root: Path) -> Path:
     """Render through evolve.render when it is there, else with the family format directly."""
     fam_dir = TEMPLATES / family
     try:
-        from evolve.families import load_family  # type: ignore
-        from evolve.render import render_candidate  # type: ignore
-    except Exception:   # the orchestrator's packages are not installed here
+        from evolve.families import load_family
+        from evolve.render import render_candidate
+    except ImportError:   # the orchestrator's packages are not installed here
         load_family = None
     if load_family is not None:
         fam = load_family(fam_dir)
@@ -104,9 +104,12 @@ def set_regime(data: dict, regime: str, seed: int) -> None:
     f32 = kda_launch.bf16_to_f32
     rs = cupy.random.RandomState(seed + 1)
     if regime == "saturated":
-        data["A_log"].fill(math.log(16.0)); data["dt_bias"].fill(0); data["g"][...] = kda_launch.to_bf16(cupy.full(data["g"].shape, 3.0, cupy.float32))
+        data["A_log"].fill(math.log(16.0))
+        data["dt_bias"].fill(0)
+        data["g"][...] = kda_launch.to_bf16(cupy.full(data["g"].shape, 3.0, cupy.float32))
     elif regime == "strong":
-        data["A_log"].fill(0); data["dt_bias"].fill(0)
+        data["A_log"].fill(0)
+        data["dt_bias"].fill(0)
     elif regime == "mixed_depth":
         g = f32(data["g"]).copy()
         g[..., : K // 2] = 30.0                       # these channels sit at the -5 floor
@@ -117,14 +120,18 @@ def set_regime(data: dict, regime: str, seed: int) -> None:
         g[:, band] = 10.0
         data["g"][...] = kda_launch.to_bf16(g)
     elif regime == "boundary":
-        data["A_log"].fill(0); data["dt_bias"].fill(0)
+        data["A_log"].fill(0)
+        data["dt_bias"].fill(0)
         data["g"][...] = kda_launch.to_bf16(cupy.full(data["g"].shape, -0.5, cupy.float32))
     elif regime == "correlated":
-        e0 = cupy.zeros(data["q"].shape, cupy.float32); e0[..., 0] = 1.0
-        data["q"][...] = kda_launch.to_bf16(e0); data["k"][...] = kda_launch.to_bf16(e0)
+        e0 = cupy.zeros(data["q"].shape, cupy.float32)
+        e0[..., 0] = 1.0
+        data["q"][...] = kda_launch.to_bf16(e0)
+        data["k"][...] = kda_launch.to_bf16(e0)
         data["beta"][...] = kda_launch.to_bf16(cupy.full(data["beta"].shape, 3.0, cupy.float32))
         data["g"][...] = kda_launch.to_bf16(cupy.full(data["g"].shape, -3.0, cupy.float32))
-        data["A_log"].fill(math.log(16.0)); data["dt_bias"].fill(0)
+        data["A_log"].fill(math.log(16.0))
+        data["dt_bias"].fill(0)
     elif regime == "random_depth":
         data["A_log"][...] = rs.standard_normal(H, dtype=cupy.float32)
         data["dt_bias"][...] = rs.standard_normal(H * K, dtype=cupy.float32)
@@ -214,7 +221,8 @@ def reference_f64(data):
 
 def judge(x, y, loose=False):
     """The workload's per-element and RMS rules; returns (ok, failing elements, rms ratio)."""
-    x = x.astype(cupy.float64); y = y.astype(cupy.float64)
+    x = x.astype(cupy.float64)
+    y = y.astype(cupy.float64)
     if not bool(cupy.isfinite(x).all()):
         return False, int((~cupy.isfinite(x)).sum()), float("nan")
     d = cupy.abs(x - y)
@@ -275,7 +283,9 @@ def time_alternating(fns: dict, iters: int, flush_bytes: int = 512 << 20) -> dic
         for name, f in fns.items():
             flush.fill(1)
             e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-            e0.record(); f(); e1.record()
+            e0.record()
+            f()
+            e1.record()
             events[name].append((e0, e1))
     cupy.cuda.get_current_stream().synchronize()
     return {n: float(numpy.median([cupy.cuda.get_elapsed_time(a, b) for a, b in ev])) for n, ev in events.items()}
@@ -377,7 +387,7 @@ def main(argv=None) -> int:
             if "scored" in refs:
                 report["fla_check"] = judge(cupy.asarray(fla_result["o"].float()), refs["scored"][0])
                 report["fla_state_check"] = judge(cupy.asarray(fla_result["s"].float()), refs["scored"][1])
-        except Exception as exc:  # fla absent or failing: time the candidates alone
+        except Exception as exc:  # noqa: BLE001 - fla absent or failing: time the candidates alone
             report["fla_error"] = f"{type(exc).__name__}: {exc}"
 
     for family, params in configs:
@@ -410,7 +420,7 @@ def main(argv=None) -> int:
                 timed[name] = fn
                 for stage, f in getattr(fn, "stages", {}).items():
                     timed[f"{name} [{stage}]"] = f
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is a row of the report
             row["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             traceback.print_exc()
 
@@ -419,7 +429,7 @@ def main(argv=None) -> int:
     if args.iket and full is not None and configs:
         try:
             report["iket"] = iket_profile(configs[0], root, full, args.T, args.H)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the profile is optional: the report says why it is missing
             report["iket_error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
     if args.out:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import random
-import textwrap
 
 import pytest
 

@@ -121,7 +121,7 @@ def test_status_line() -> None:
 
 def test_parser_skips_a_missing_command_module(monkeypatch) -> None:
     monkeypatch.setitem(cli.COMMANDS, "ghost", "ghost_command_that_does_not_exist")
-    names = cli.build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
+    names = cli.build_parser()._subparsers._group_actions[0].choices
     assert "python" in names and "ghost" not in names
 
 
