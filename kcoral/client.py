@@ -272,7 +272,7 @@ def _error_from(r: httpx.Response) -> RemoteError:
         kind = err.get("kind", kind)
         message = err.get("message", message)
         rid = body.get("request_id", rid)
-    except Exception:
+    except (ValueError, AttributeError):  # not JSON, or JSON that is not an error object: keep the HTTP text
         pass
     if r.status_code == 502 and kind == ErrorKind.SERVER_TRANSPORT:  # a router lost the node mid-request
         return OutcomeUnknown(message, rid)

@@ -149,7 +149,7 @@ class Program:
     def run(self, fn: Register | str, args: list[Any] | tuple[Any, ...] | None = None) -> Register:
         if isinstance(fn, Register):
             fn_json: Any = fn.ref()
-        elif isinstance(fn, str) and fn.startswith("builtin."):
+        elif fn.startswith("builtin."):
             fn_json = fn
         else:
             raise TypeError("fn must be a Register or 'builtin.<name>'")

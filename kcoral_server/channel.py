@@ -102,5 +102,5 @@ class AsyncChannel:
     def close(self) -> None:
         try:
             self.writer.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - closing a transport the peer already broke must not raise
             pass

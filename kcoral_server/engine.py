@@ -70,7 +70,7 @@ class Engine:
             pass
         self.instance_id = str(uuid.uuid4())
         self.started_wall = time.time()
-        self.started_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        self.started_at = datetime.datetime.now(datetime.UTC).isoformat()
         if config.state_dir:
             os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
         # Request folders on tmpfs when it is roomy: creating them is on every request's path.
@@ -240,7 +240,7 @@ class Engine:
         log_event("draining", active_requests=self.active)
         try:
             await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log_event("drain_timeout", active_requests=self.active)
 
     # ------------------------------------------------------------------ execute
@@ -456,7 +456,7 @@ class Engine:
                 return False
             try:
                 await asyncio.wait_for(entry.wanted.wait(), RETRY_GRACE_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
             return True
 
@@ -473,7 +473,7 @@ class Engine:
         t_queue = time.monotonic()
         try:
             worker = await self.pool.checkout(self.config.queue_timeout_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return error_reply(503, ErrorKind.BUSY, "no worker became free in time", rid,
                                retry_after=max(1, self.pool.queue_length // workers + 1))
         t_dispatch = time.monotonic()

@@ -193,7 +193,7 @@ class Executor:
             self.chan.send({"t": "step", "i": index})
             try:
                 self._instruction(ins, registers, blobs, job["workspace"], sink)
-            except BaseException as exc:  # noqa: BLE001 - any failure of program code ends the program
+            except BaseException as exc:  # any failure of program code ends the program
                 if isinstance(exc, (KeyboardInterrupt,)):
                     raise
                 kind = _error_kind(exc)
@@ -249,7 +249,7 @@ class Executor:
             sys.modules[name] = module  # so dataclasses/pickle inside it can find it
             try:
                 exec(code, module.__dict__)
-            except Exception as exc:  # noqa: BLE001 - a failing module body is `parse`, as released
+            except Exception as exc:  # a failing module body is `parse`, as released
                 raise ParseFailure(f"{type(exc).__name__}: {exc}") from exc
             regs[ins["id"]] = module
         elif kind == "tensor":

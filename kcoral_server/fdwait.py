@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 
 
 async def readable(fd: int, timeout: float | None) -> None:
@@ -28,7 +29,7 @@ async def readable(fd: int, timeout: float | None) -> None:
         loop.remove_reader(fd)
 
 
-async def lines(fd: int):
+async def lines(fd: int) -> AsyncIterator[bytes]:
     """The lines a non-blocking pipe carries, until its end of file; the caller closes it."""
     buf = b""
     while True:

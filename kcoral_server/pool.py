@@ -178,7 +178,7 @@ class WorkerHandle:
     async def _exit_reason(self, timeout: float) -> int | str | None:
         try:
             return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     def end(self) -> None:
@@ -249,7 +249,7 @@ class WorkerHandle:
         self.status = "busy"
         try:
             await asyncio.wait_for(converse(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             res.timed_out = True
         except _TooLarge:
             pass
@@ -499,7 +499,7 @@ class WorkerPool:
         self._waiters.append(fut)
         try:
             w = await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             if fut.done() and not fut.cancelled():
                 self._checkin(fut.result())  # handed over just as we gave up
             else:

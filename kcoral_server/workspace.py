@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from kcoral.runners.sandboxed import NotRegularFile, normalize_path, open_dir, open_read, open_write
 from kcoral.values import FileValue, FolderValue
@@ -73,7 +74,7 @@ def read_blob(blob: BlobRef, writable: bool = False) -> bytes | bytearray:
 def remove_tree(path: str) -> None:
     """Remove a request directory even if the program made parts of it unwritable."""
 
-    def fix(func, p, _exc):  # noqa: ANN001
+    def fix(func: Any, p: str, _exc: Any) -> None:
         try:
             os.chmod(os.path.dirname(p), 0o700)
             if os.path.isdir(p) and not os.path.islink(p):

@@ -80,7 +80,7 @@ class _Zygote:
 
     def serve(self) -> None:
         while True:
-            ready, _, _ = select.select([self.sock, self.wake_r], [], [])
+            ready, _, _ = select.select([self.sock.fileno(), self.wake_r], [], [])
             if self.wake_r in ready:
                 while True:
                     try:
@@ -89,7 +89,7 @@ class _Zygote:
                     except BlockingIOError:
                         break
                 self._reap()
-            if self.sock in ready:
+            if self.sock.fileno() in ready:
                 try:
                     got = _recv_spawn(self.sock)
                 except (ConnectionError, OSError):
@@ -214,7 +214,7 @@ def _own_dirs(spec: dict[str, Any]) -> None:
     """The tmpfs's folders belong to the uid the program runs as, private to it."""
     uid, gid = spec.get("uid"), spec.get("gid")
     for d in spec.get("own_dirs", []):
-        if uid is not None:
+        if uid is not None and gid is not None:
             os.chown(d, uid, gid)
         os.chmod(d, 0o700)
 
@@ -273,7 +273,7 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
                     value += _address_space_bytes()
                 resource.setrlimit(res, (value, value))
         uid, gid = spec.get("uid"), spec.get("gid")
-        if uid is not None:
+        if uid is not None and gid is not None:   # the pool sets both or neither
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)  # from root: every capability is gone

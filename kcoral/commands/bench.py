@@ -58,4 +58,5 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if rep.passed:
         return 0
-    return TOOL_FAILURES.get(rep.failure_kind or "", EXIT_FAILED)
+    kind = ErrorKind.of(rep.failure_kind or "")
+    return TOOL_FAILURES.get(kind, EXIT_FAILED) if isinstance(kind, ErrorKind) else EXIT_FAILED

@@ -20,8 +20,8 @@ import tempfile
 import time
 
 try:  # inside the uploaded bundle the sibling files are injected by the prelude
-    _sandboxed = _KCORAL_EMBEDDED["sandboxed"]  # type: ignore[name-defined]  # noqa: F821
-    _iket = _KCORAL_EMBEDDED["iket"]  # type: ignore[name-defined]  # noqa: F821
+    _sandboxed = _KCORAL_EMBEDDED["sandboxed"]  # type: ignore[name-defined]
+    _iket = _KCORAL_EMBEDDED["iket"]  # type: ignore[name-defined]
 except NameError:  # imported as a normal module (tests, local use)
     from kcoral import iket as _iket
     from kcoral.runners import sandboxed as _sandboxed

@@ -37,7 +37,7 @@ class ErrorAnswerMiddleware:
 
         try:
             await self.app(scope, receive, send_tracked)
-        except Exception as exc:  # noqa: BLE001 - every exception gets the protocol's answer
+        except Exception as exc:  # every exception gets the protocol's answer
             if started:  # too late for another answer
                 raise
             await _answer(exc, scope).to_response()(scope, receive, send)

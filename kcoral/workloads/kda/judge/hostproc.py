@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from typing import Any
 from pathlib import Path
 
 from . import sandboxed
@@ -90,7 +91,7 @@ def isolation_text(protections: dict) -> str:
 class HostProcess:
     """One host. `role` is "candidate" (loads `cand_dir`) or "trusted"."""
 
-    def __init__(self, arena, judge_pkg: Path, role: str, device: str, log_dir: Path, label: str,
+    def __init__(self, arena: Any, judge_pkg: Path, role: str, device: str, log_dir: Path, label: str,
                  cand_dir: Path | None = None, cache_dir: Path | None = None) -> None:
         self.arena, self.label, self.role = arena, label, role
         self.adopted: list = []  # its buffers the judge maps: released only once it is gone
@@ -145,7 +146,7 @@ class HostProcess:
         except (ChannelClosed, BrokenPipeError, ConnectionError) as exc:
             raise CandidateError("runtime", f"the {self.label} process died during '{msg.get('op')}' "
                                  f"({self._exit_text()}): {exc}\n{self.log_tail(2000)}") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise CandidateError("runtime", f"the {self.label} process gave no answer to '{msg.get('op')}' "
                                  f"within {timeout:.0f} s") from None
         except ValueError as exc:  # an unreadable message: the host is not speaking the protocol
@@ -153,7 +154,7 @@ class HostProcess:
         if reply.get("ok") is not True:
             for fd in extra:
                 os.close(fd)
-            kind = reply.get("kind") if reply.get("kind") in ("import", "runtime", "unavailable") else "runtime"
+            kind = str(reply["kind"]) if reply.get("kind") in ("import", "runtime", "unavailable") else "runtime"
             raise CandidateError(kind, str(reply.get("message") or "the host reported a failure")[:8000])
         return reply, extra
 

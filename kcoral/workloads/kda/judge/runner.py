@@ -20,9 +20,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 try:  # inside the uploaded bundle the prelude injects the sandbox module
-    _sandboxed = _KCORAL_EMBEDDED["sandboxed"]  # type: ignore[name-defined]  # noqa: F821
+    _sandboxed = _KCORAL_EMBEDDED["sandboxed"]  # type: ignore[name-defined]
 except NameError:  # imported as a normal module (tests, local use)
     from kcoral.runners import sandboxed as _sandboxed
 
@@ -72,7 +73,7 @@ def _verified(out: bytes, key: str) -> tuple[dict | None, str]:
     return report, ""
 
 
-def bench(archive: bytes, seeds, options: dict) -> dict:
+def bench(archive: bytes, seeds: Any, options: dict) -> dict:
     _not_dumpable()
     options = dict(options or {})
     timeout = float(options.get("timeout_s", 1500))
@@ -83,7 +84,7 @@ def bench(archive: bytes, seeds, options: dict) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _bench_in(root: str, archive: bytes, seeds, options: dict, timeout: float) -> dict:
+def _bench_in(root: str, archive: bytes, seeds: Any, options: dict, timeout: float) -> dict:
     try:
         unpack(bytes(archive), root)
     except (_sandboxed.ArchiveError, OSError) as exc:
