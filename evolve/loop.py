@@ -34,11 +34,12 @@ from evolve.paths import display_path
 from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
 from evolve.population import Candidate, NewCandidate, Population, Run
 from evolve.preflight import PreflightError, health_gpus, probe_ncu, problems, tool_problems
-from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
+from evolve.promotion import Decision, Promoter
 from evolve.render import RenderError, render_candidate
 from evolve.search_view import SearchView
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
-from evolve.strategies.base import INFEASIBLE_KINDS, Failed
+from evolve.strategies.base import Failed
+from evolve.vocabulary import INFEASIBLE_KINDS, EvaluationStatus, Origin, RunState, Stage
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ MAX_DUPLICATES = 64          # consecutive already-known proposals before the sp
 
 class Job(BaseModel):
     candidate_id: int
-    retry_of: dict[str, int] = Field(default_factory=dict)
-    claimed: dict[str, int] = Field(default_factory=dict)   # stage -> evaluation this process claimed
+    retry_of: dict[Stage, int] = Field(default_factory=dict)
+    claimed: dict[Stage, int] = Field(default_factory=dict)   # stage -> evaluation this process claimed
 
 
 class JoinError(ValueError):
@@ -215,7 +216,7 @@ class SearchLoop:
                 return run
         return None
 
-    def _resume_jobs(self, prev: Run, stages: list[str]) -> tuple[list[Job], list[int]]:
+    def _resume_jobs(self, prev: Run, stages: list[Stage]) -> tuple[list[Job], list[int]]:
         """Jobs that finish what `prev` left: interrupted stages, and pipelines cut between stages."""
         jobs: dict[int, Job] = {}
         retried: list[int] = []
@@ -223,23 +224,24 @@ class SearchLoop:
             if self.pop.mark_interrupted(ev.id, f"interrupted: run {prev.id} died; retried by a resumed run"):
                 jobs.setdefault(ev.candidate_id, Job(candidate_id=ev.candidate_id)).retry_of[ev.stage] = ev.id
                 retried.append(ev.id)
-        if prev.state == "running":
-            self.pop.finish_run(prev.id, "interrupted", dead=True)
+        if prev.state == RunState.RUNNING:
+            self.pop.finish_run(prev.id, RunState.INTERRUPTED, dead=True)
         best = self.pop.best(prev.workload_id)
         best_speedup = self.pop.bench_speedup(best.candidate_id) if best else None
         for cand in self.pop.candidates(prev.workload_id):
             if cand.id in jobs:
                 continue
             evs = self.pop.evaluations(cand.id)
-            if not any(e.run_id == prev.id for e in evs) or any(e.status in ("failed", "running") for e in evs):
+            unfinished = any(e.status in (EvaluationStatus.FAILED, EvaluationStatus.RUNNING) for e in evs)
+            if not any(e.run_id == prev.id for e in evs) or unfinished:
                 continue
-            passed = {e.stage for e in evs if e.status == "passed"}
+            passed = {e.stage for e in evs if e.status == EvaluationStatus.PASSED}
             if not set(stages) <= passed:
                 jobs[cand.id] = Job(candidate_id=cand.id)        # cut between stages
-            elif "bench" in stages and not any(e.stage == CONFIRM_STAGE for e in evs):
+            elif Stage.BENCH in stages and not any(e.stage == Stage.CONFIRM for e in evs):
                 # Benched, then died before promotion was considered: only worth a job if it
                 # beats the best (the pipeline itself is all skips).
-                bench = [e.speedup for e in evs if e.stage == "bench" and e.status == "passed"]
+                bench = [e.speedup for e in evs if e.stage == Stage.BENCH and e.status == EvaluationStatus.PASSED]
                 if bench and bench[-1] is not None and (best_speedup is None or bench[-1] > best_speedup):
                     jobs[cand.id] = Job(candidate_id=cand.id)
         return list(jobs.values()), retried
@@ -286,7 +288,7 @@ class SearchLoop:
         return view.state(tried, proposals)
 
     def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int, worker_id: int,
-                  stage: str) -> tuple[Candidate, int | None] | None:
+                  stage: Stage) -> tuple[Candidate, int | None] | None:
         """Render and store a proposal, claimed for this process in the same transaction:
         (candidate, its first stage's evaluation, or None if it was known and evaluated)."""
         family = families[proposal.family]
@@ -296,7 +298,7 @@ class SearchLoop:
             log.error("render failed: %s", exc)
             return None
         cand, _created, eid = self.pop.add_and_claim(NewCandidate(
-            workload_id=workload_id, origin="seed" if proposal.operator == "seed" else "template",
+            workload_id=workload_id, origin=Origin.SEED if proposal.operator == "seed" else Origin.TEMPLATE,
             family=family.name, params=proposal.params, digest=directory.name,
             directory=display_path(directory), parents=proposal.parents, generation=proposal.generation,
             operator=proposal.operator, run_id=run_id), stage, worker_id=worker_id)
@@ -376,8 +378,8 @@ class SearchLoop:
             assert cand is not None
             outcome = run_pipeline(ctx, cand, stages, job.retry_of, job.claimed)
             decision = None
-            if outcome.passed and outcome.bench is not None and "bench" in stages:
-                decision = promoter.consider(cand, outcome.bench, retry_of=job.retry_of.get(CONFIRM_STAGE))
+            if outcome.passed and outcome.bench is not None and Stage.BENCH in stages:
+                decision = promoter.consider(cand, outcome.bench, retry_of=job.retry_of.get(Stage.CONFIRM))
             return outcome, decision
 
         def next_job() -> Job | None:
@@ -457,7 +459,7 @@ class SearchLoop:
             # Marked first: if the user abandons the stages in flight, --resume retries them.
             # (A run other live processes work on goes on; this one keeps its lease while
             # its stages finish.)
-            self.pop.leave_run(worker_id, "interrupted", still_working=True)
+            self.pop.leave_run(worker_id, RunState.INTERRUPTED, still_working=True)
             progress.close(stats, sample=False)
             if futures:
                 self.stream.write(f"evolve: interrupted; finishing {len(futures)} stage(s) in flight "
@@ -475,16 +477,16 @@ class SearchLoop:
                 # them interrupted and retries them; no thread lives to record a result.
                 # (A normal exit would wait for worker threads blocked in HTTP calls.)
                 os._exit(130)
-            self.pop.leave_run(worker_id, "interrupted")
+            self.pop.leave_run(worker_id, RunState.INTERRUPTED)
             raise
         except BaseException:
             self.cancel.set()
             executor.shutdown(wait=True, cancel_futures=True)
-            self.pop.leave_run(worker_id, "failed")
+            self.pop.leave_run(worker_id, RunState.FAILED)
             raise
         executor.shutdown(wait=True)
         # The run ends when its last live worker leaves; until then the others go on.
-        self.pop.leave_run(worker_id, "failed" if self.aborted else "finished")
+        self.pop.leave_run(worker_id, RunState.FAILED if self.aborted else RunState.FINISHED)
         progress.close(stats)
         best = self.pop.best(workload_id)
         self.events.emit(EventKind.ABORT if self.aborted else EventKind.FINISH, run_id=run_id,
@@ -565,7 +567,7 @@ class SearchLoop:
         best = self.pop.best(workload_id)
         if best is None:
             return
-        for ev in reversed(self.pop.evaluations(best.candidate_id, "bench")):
-            if ev.status == "passed":
+        for ev in reversed(self.pop.evaluations(best.candidate_id, Stage.BENCH)):
+            if ev.status == EvaluationStatus.PASSED:
                 stats.best_ms, stats.best_speedup = ev.ms, ev.speedup
                 return

@@ -9,9 +9,10 @@ import httpx
 
 from kcoral.errors import OutcomeUnknown
 
+from evolve.vocabulary import FailureKind
+
 # Failure kinds of the population contract.
-FAILURE_KINDS = ("check", "compile", "import", "correctness", "flaky", "holdout", "runtime",
-                 "timeout", "transport", "resources", "unavailable")
+FAILURE_KINDS = frozenset(FailureKind)
 
 _REMOTE_KIND_MAP = {
     "compile": "compile", "runtime": "runtime", "correctness": "correctness", "timeout": "timeout",
