@@ -20,11 +20,9 @@ import argparse
 import hashlib
 import json
 import math
-import shutil
 import sys
 import tempfile
 import time
-import tomllib
 import traceback
 from pathlib import Path
 
@@ -38,49 +36,21 @@ import cupy  # noqa: E402
 
 import kda_launch  # noqa: E402
 
+sys.path.insert(0, str(REPO))     # evolve from the checkout when it is not installed
+from evolve.families import load_family  # noqa: E402
+from evolve.render import render_candidate  # noqa: E402
+
 K = 128
 REGIMES = ["scored", "saturated", "strong", "mixed_depth", "switch", "boundary", "correlated", "random_depth"]
 PROBE_LENGTHS = [1, 17, 63, 64, 65, 127, 129, 321]
 
 
 # ---- rendering --------------------------------------------------------------------------
-def _safe_eval(expr, names):
-    return eval(str(expr), {"__builtins__": {}, "min": min, "max": max}, dict(names))
-
-
 def render(family: str, overrides: dict, dest_root: Path) -> Path:
-    """Render through evolve.render when it is there, else with the family format directly."""
-    fam_dir = TEMPLATES / family
-    try:
-        from evolve.families import load_family
-        from evolve.render import render_candidate
-    except ImportError:   # the orchestrator's packages are not installed here
-        load_family = None
-    if load_family is not None:
-        fam = load_family(fam_dir)
-        params = {**dict(fam.defaults), **overrides}
-        return Path(render_candidate(fam, params, dest_root))
-    import jinja2
-
-    spec = tomllib.loads((fam_dir / "family.toml").read_text())
-    params = {**spec["defaults"], **overrides}
-    names = dict(params)
-    for key, expr in spec.get("derived", {}).items():
-        names[key] = _safe_eval(expr, names)
-    for c in spec.get("constraints", []):
-        if not _safe_eval(c["expr"], names):
-            raise ValueError(f"{family} {params}: {c['message']}")
-    digest = hashlib.sha256(json.dumps([family, params], sort_keys=True).encode()).hexdigest()[:16]
-    out = dest_root / digest
-    out.mkdir(parents=True, exist_ok=True)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(fam_dir)),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    for name in spec["render"]:
-        (out / name[: -len(".j2")]).write_text(env.get_template(name).render(**names))
-    for name in spec.get("copy", []):
-        shutil.copy(fam_dir / name, out / Path(name).name)
-    (out / "params.json").write_text(json.dumps({"family": family, "params": params}))
-    return out
+    """Render through evolve's renderer: the folder is named by the one candidate digest, so
+    a configuration timed here is the candidate the search knows."""
+    fam = load_family(TEMPLATES / family)
+    return Path(render_candidate(fam, {**dict(fam.defaults), **overrides}, dest_root))
 
 
 def load_solution(cand: Path):

@@ -15,7 +15,8 @@ every `REFRESH` reads start over from nothing.
 from __future__ import annotations
 
 from evolve.population import Population
-from evolve.strategies.base import INFEASIBLE_KINDS, Failed, Parent, SearchState
+from evolve.strategies.base import Failed, Parent, SearchState
+from evolve.vocabulary import INFEASIBLE_KINDS
 
 LAG = 256        # ids re-read below the highest seen: commits out of id order land there
 REFRESH = 500    # reads between full reads: anything a lag could still miss heals then

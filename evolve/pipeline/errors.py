@@ -16,9 +16,10 @@ from __future__ import annotations
 from kcoral.errors import OutcomeUnknown, TransportError
 from kcoral.protocol.error_kind import ErrorKind
 
+from evolve.vocabulary import FailureKind
+
 # Failure kinds of the population contract.
-FAILURE_KINDS = ("check", "compile", "import", "correctness", "flaky", "holdout", "runtime",
-                 "timeout", "transport", "resources", "unavailable")
+FAILURE_KINDS = frozenset(FailureKind)
 
 # A server that is away or overloaded: waited out, never recorded against the candidate.
 TRANSIENT_KINDS = frozenset({ErrorKind.BUSY, ErrorKind.TRANSPORT})
