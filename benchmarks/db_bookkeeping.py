@@ -68,7 +68,7 @@ class Bookkeeper:
             digest=f"{self.tag}-{n}", directory=f"gen/{self.tag}-{n}", generation=1, operator="mutate",
             run_id=self.run), "check", worker_id=self.worker))
         assert eid is not None
-        step(STEPS[2], lambda: pop.finish_stage(eid, StageResult(status="passed", registers=96, spills=0)))  # type: ignore[arg-type]
+        step(STEPS[2], lambda: pop.finish_stage(eid, StageResult(status="passed", registers=96, spills=0)))
         for name, stage, result in ((STEPS[3], "gputest", StageResult(status="passed")),
                                     (STEPS[4], "bench", StageResult(status="passed", ms=2.0, baseline_ms=2.0,
                                                                     speedup=1.0, spread=0.01))):

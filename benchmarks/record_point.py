@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import date, datetime, timezone
+from datetime import date, datetime, UTC
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def from_db(url: str, workload: str | None, commit: str, source: str) -> list[Re
             cand = pop.candidate(cid)
             if cand is None or not cand.family:
                 continue
-            when = (ev.ended_at or ev.started_at or datetime.now(timezone.utc)).date()
+            when = (ev.ended_at or ev.started_at or datetime.now(UTC)).date()
             out.append(RecordedPoint(family=cand.family, params=cand.params, date=when, commit=commit,
                                      source=source or f"evolve database, candidate {cid}",
                                      ms=ev.ms if ev.status == "passed" else None,
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", type=float)
     ap.add_argument("--failure", help="failure kind instead of a time (compile, runtime, correctness, ...)")
     ap.add_argument("--commit", required=True)
-    ap.add_argument("--date", type=date.fromisoformat, default=datetime.now(timezone.utc).date())
+    ap.add_argument("--date", type=date.fromisoformat, default=datetime.now(UTC).date())
     ap.add_argument("--source", default="", help="where the figure comes from (a docs section, a command)")
     ap.add_argument("--from-db", help="an evolve database (URL or SQLite path): append its benched points")
     ap.add_argument("--workload", help="with --from-db: only this workload")

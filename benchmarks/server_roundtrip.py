@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kcoral import Client, Program  # noqa: E402
+from kcoral import Client, Program
 
 SAXPY = r"""
 extern "C" __global__ void saxpy(float a, const float* x, const float* y, float* out, int n) {
@@ -204,7 +204,7 @@ def main() -> int:
     extra = ["--sandbox", args.sandbox] if args.sandbox else []
     if router is not None:
         extra += ["--router", router_url, "--node-id", "bench"]
-        os.environ["KCORAL_NODE_TOKEN"] = router.token  # type: ignore[attr-defined] - the local server inherits it
+        os.environ["KCORAL_NODE_TOKEN"] = router.token  # type: ignore[attr-defined]  # the local server inherits it
     local = None if args.remote else LocalServer(args.workers, extra)
     url = args.remote or local.url  # type: ignore[union-attr]
     rows: list[tuple[str, str, str]] = []

@@ -8,6 +8,7 @@ Prints a table.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import statistics
@@ -103,9 +104,9 @@ def main() -> None:
             src = Path(tmp) / f"src{files}"
             total = _tree(src, files, size)
             data = pack_directory(src)
-            t_pack = _timed(lambda: pack_directory(src), args.repeat)
+            t_pack = _timed(functools.partial(pack_directory, src), args.repeat)
 
-            def unpack() -> None:
+            def unpack(data: bytes = data) -> None:
                 dest = tempfile.mkdtemp(dir=tmp)
                 safe_unpack(data, dest)
 
@@ -117,9 +118,9 @@ def main() -> None:
                          f"{mb / t_unpack:.0f} MB/s"))
     for n in (10_240, 204_800):
         buf, meta = _iket(n)
-        t_conv = _timed(lambda: to_chrome_trace(buf, meta), args.repeat)
+        t_conv = _timed(functools.partial(to_chrome_trace, buf, meta), args.repeat)
         trace = to_chrome_trace(buf, meta)
-        t_an = _timed(lambda: analyze_trace(trace), args.repeat)
+        t_an = _timed(functools.partial(analyze_trace, trace), args.repeat)
         rows.append((f"IKET to Chrome trace, {n} records", f"{t_conv * 1e3:.1f} ms",
                      f"{n / t_conv / 1e6:.2f} M records/s"))
         rows.append((f"IKET analyze, {n} records", f"{t_an * 1e3:.1f} ms",

@@ -19,8 +19,7 @@ from kcoral import workloads
 from evolve import builtin
 from evolve.families import Family, Value, load_family
 from evolve.tomlfile import load_toml_model
-
-STAGES = ("check", "gputest", "iket", "ncu", "bench")
+from evolve.vocabulary import PIPELINE_STAGES, Stage
 
 
 class ConfigError(ValueError):
@@ -79,12 +78,12 @@ class StageConfig(_Strict):
 
 def _default_stages() -> dict[str, StageConfig]:
     return {
-        "check": StageConfig(timeout=300),
-        "gputest": StageConfig(timeout=600),
-        "iket": StageConfig(enabled=False, timeout=600, app=["python", "capture_iket.py"]),
-        "ncu": StageConfig(enabled=False, timeout=600, app=["python", "capture_ncu.py"],
+        Stage.CHECK: StageConfig(timeout=300),
+        Stage.GPUTEST: StageConfig(timeout=600),
+        Stage.IKET: StageConfig(enabled=False, timeout=600, app=["python", "capture_iket.py"]),
+        Stage.NCU: StageConfig(enabled=False, timeout=600, app=["python", "capture_ncu.py"],
                            ncu_args=["--set", "full", "--launch-count", "1"]),
-        "bench": StageConfig(timeout=1500),
+        Stage.BENCH: StageConfig(timeout=1500),
     }
 
 
@@ -120,9 +119,9 @@ class RunConfig(_Strict):
     def _merge_stages(cls, v: object) -> object:
         if not isinstance(v, dict):
             return v
-        unknown = set(v) - set(STAGES)
+        unknown = set(v) - set(PIPELINE_STAGES)
         if unknown:
-            raise ValueError(f"unknown stages {sorted(unknown)}; known: {list(STAGES)}")
+            raise ValueError(f"unknown stages {sorted(unknown)}; known: {[str(s) for s in PIPELINE_STAGES]}")
         merged = {name: cfg.model_dump() for name, cfg in _default_stages().items()}
         for name, cfg in v.items():
             if isinstance(cfg, dict):
@@ -163,8 +162,8 @@ class RunConfig(_Strict):
         # Not beside the workload: a built-in one lives in the installed package.
         return self.resolve(self.output_dir) if self.output_dir else (Path.cwd() / "gen" / self.workload_name).resolve()
 
-    def enabled_stages(self) -> list[str]:
-        return [s for s in STAGES if self.stages[s].enabled]
+    def enabled_stages(self) -> list[Stage]:
+        return [s for s in PIPELINE_STAGES if self.stages[s].enabled]
 
     def load_families(self) -> dict[str, Family]:
         """Each configured family, restricted to its fixed values and subspace."""

@@ -11,6 +11,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from evolve.vocabulary import FailureKind
+
 PARAMS_FILE = "params.json"        # rendering metadata, not sources: left out of the digest
 IGNORED_DIRS = frozenset({"__pycache__"})
 
@@ -22,7 +24,7 @@ class DigestError(ValueError):
 class SourcesChanged(RuntimeError):
     """The candidate's folder no longer holds the sources it was registered with."""
 
-    kind = "check"  # the failure kind a stage records for it
+    kind = FailureKind.CHECK  # the failure kind a stage records for it
 
 
 def _files(root: Path) -> list[tuple[str, Path]]:

@@ -7,14 +7,14 @@ import json
 import logging
 import os
 import subprocess
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 log = logging.getLogger(__name__)
 HOOK_TIMEOUT_S = 30.0
 
 
-class EventKind(str, Enum):
+class EventKind(StrEnum):
     PROMOTION = "promotion"
     ABORT = "abort"
     FINISH = "finish"

@@ -14,10 +14,7 @@ from sqlalchemy.orm import Session
 
 from evolve.db.models import CandidateModel, EvaluationModel, PromotionModel
 from evolve.db.records import LeaderboardRow
-
-RANKED_STAGE = "bench"
-CONFIRM_STAGE = "confirm"
-PROFILE_STAGE = "ncu"
+from evolve.vocabulary import EvaluationStatus, Stage
 
 
 def is_noisy(speedup: float, spread: float | None) -> bool:
@@ -61,7 +58,8 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
     bench: dict[int, tuple[int | None, float | None, float | None, float | None, int | None]] = {}
     for ev in conn.execute(
         select(E.candidate_id, E.id, E.ms, E.baseline_ms, E.spread, E.excessive_sectors)
-        .where(E.candidate_id.in_(ids), E.stage == RANKED_STAGE, E.status == "passed", E.speedup.is_not(None))
+        .where(E.candidate_id.in_(ids), E.stage == Stage.BENCH, E.status == EvaluationStatus.PASSED,
+               E.speedup.is_not(None))
         .order_by(E.speedup.desc(), E.id)
     ):
         bench.setdefault(ev.candidate_id, (ev.id, ev.ms, ev.baseline_ms, ev.spread, ev.excessive_sectors))
@@ -71,7 +69,7 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
         cid: value
         for cid, value in conn.execute(
             select(E.candidate_id, E.excessive_sectors)
-            .where(E.candidate_id.in_(ids), E.stage == PROFILE_STAGE, E.status == "passed",
+            .where(E.candidate_id.in_(ids), E.stage == Stage.NCU, E.status == EvaluationStatus.PASSED,
                    E.excessive_sectors.is_not(None))
             .order_by(E.id)
         )
@@ -83,7 +81,8 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
         cid: float(value)
         for cid, value in conn.execute(
             select(E.candidate_id, func.max(E.spread))
-            .where(E.candidate_id.in_(ids), E.stage.in_((RANKED_STAGE, CONFIRM_STAGE)), E.status == "passed")
+            .where(E.candidate_id.in_(ids), E.stage.in_((Stage.BENCH, Stage.CONFIRM)),
+                   E.status == EvaluationStatus.PASSED)
             .group_by(E.candidate_id)
         )
         if value is not None

@@ -18,12 +18,12 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
 
 from kcoral import Client
 from pydantic import BaseModel, Field
-from rich.console import Console
 
 from evolve.breaker import FailureBreaker
 from evolve.config import RunConfig
@@ -34,11 +34,13 @@ from evolve.paths import display_path
 from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
 from evolve.population import Candidate, NewCandidate, Population, Run
 from evolve.preflight import PreflightError, health_gpus, probe_ncu, problems, tool_problems
-from evolve.promotion import CONFIRM_STAGE, Decision, Promoter
+from evolve.promotion import Decision, Promoter
 from evolve.render import RenderError, render_candidate
+from evolve.run_progress import Progress
 from evolve.search_view import SearchView
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
-from evolve.strategies.base import INFEASIBLE_KINDS, Failed
+from evolve.strategies.base import Failed, Strategy
+from evolve.vocabulary import INFEASIBLE_KINDS, EvaluationStatus, Origin, RunState, Stage
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,8 @@ MAX_DUPLICATES = 64          # consecutive already-known proposals before the sp
 
 class Job(BaseModel):
     candidate_id: int
-    retry_of: dict[str, int] = Field(default_factory=dict)
-    claimed: dict[str, int] = Field(default_factory=dict)   # stage -> evaluation this process claimed
+    retry_of: dict[Stage, int] = Field(default_factory=dict)
+    claimed: dict[Stage, int] = Field(default_factory=dict)   # stage -> evaluation this process claimed
 
 
 class JoinError(ValueError):
@@ -109,83 +111,35 @@ def search_state(pop: Population, workload_id: int, tried: set, proposals: int) 
     return SearchState.model_construct(correct=correct, failed=failed, tried=tried, proposal_index=proposals)
 
 
-class Progress:
-    """One status line: redrawn in place on a terminal, periodic lines otherwise."""
+@dataclass
+class _Work:
+    """One process's part of a run: its setup, and the state the loop keeps between jobs."""
+    workload_id: int
+    run_id: int
+    worker_id: int
+    stages: list[Stage]
+    families: dict[str, Family]
+    slots: int                        # GPU concurrency; the pool is one wider (a CPU check overlaps)
+    ctx: StageContext
+    promoter: Promoter
+    strategy: Strategy
+    rng: random.Random
+    jobs: list[Job]                   # owed work, taken first: retries of what dead processes left
+    tried: set                        # point keys the population holds or this process proposed
+    proposals: int = 0
+    started_jobs: int = 0             # new pipelines started (what --max-evals counts)
+    exhausted: bool = False
+    started: float = 0.0              # time.monotonic() at the start
+    deadline: float | None = None
+    futures: dict[Future, int] = field(default_factory=dict)   # running job -> candidate id
 
-    def __init__(self, stream: TextIO, gpu_slots: int, interval_s: float = 5.0, has_gpu: bool = True,
-                 lease_clock: LeaseClock | None = None, console: Console | None = None):
-        self.stream = stream
-        # Only for the terminal's width: a redrawn line that wraps leaves a stale copy each time.
-        self.console = console or Console(file=stream)
-        self.lease_clock = lease_clock
-        self.gpu_busy: float | None = None   # the latest lease-held fraction the server reported
-        self.has_gpu = has_gpu
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self.gpu_slots = gpu_slots
-        self.interval_s = interval_s if not self.tty else 0.5
-        self._last = 0.0
+    @property
+    def stats(self) -> RunStats:
+        return self.ctx.stats
 
-    def line(self, stats: RunStats, width: int | None = None) -> str:
-        """The full line, or (given `width`) the most of it that fits: short labels first,
-        then the least useful fields dropped, then an ellipsis."""
-        parts = self._parts(stats)
-        full = "  ".join(f"{label} {value}".strip() for label, _brief, _short, value, _keep in parts)
-        if width is None or len(full) <= width:
-            return full
-        kept = [(keep, f"{brief} {short}".strip()) for _label, brief, short, _value, keep in parts]
-        while True:
-            text = " ".join(t for _, t in kept)
-            if len(text) <= width or len(kept) <= 1:
-                break
-            kept.remove(max(kept, key=lambda item: item[0]))   # the least useful field goes first
-        return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-    def _parts(self, stats: RunStats) -> list[tuple[str, str, str, str, int]]:
-        """(label, short label, short value, value, rank): rank 0 is dropped last."""
-        wall = time.monotonic() - stats.started_at
-        busy = self.gpu_busy
-        if busy is None:   # a server that does not report lease time: finished stages only
-            busy = stats.lease_held_ms / (wall * 1000.0 * self.gpu_slots) if wall > 0 else 0.0
-        fails = " ".join(f"{k}={v}" for k, v in sorted(stats.failures.items())) or "none"
-        total = sum(stats.failures.values())
-        top = max(stats.failures.items(), key=lambda kv: kv[1], default=None)
-        short_fails = f"{total}" + (f" ({top[0][:4]} {top[1]})" if top and len(stats.failures) > 1 else
-                                    f" {top[0][:4]}" if top else "")
-        best = "-" if stats.best_speedup is None else (
-            f"{stats.best_ms:.4f} ms {stats.best_speedup:.3f}x" if stats.best_ms else f"{stats.best_speedup:.3f}x")
-        m, s = divmod(int(wall), 60)
-        gpu = f"{busy:.0%}" if self.has_gpu else "- (CPU server)"
-        return [(f"[evolve {m:02d}:{s:02d}]", f"[{m:02d}:{s:02d}]", "", "", 0),
-                ("evaluated", "ev", str(stats.evaluated), str(stats.evaluated), 1),
-                ("in flight", "run", str(stats.in_flight), str(stats.in_flight), 5),
-                ("failures", "fail", short_fails, fails, 4),
-                ("best", "best", best, best, 2),
-                ("promotions", "prom", str(stats.promotions), str(stats.promotions), 6),
-                ("gpu busy", "gpu", gpu if self.has_gpu else "cpu", gpu, 3)]
-
-    def update(self, stats: RunStats, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self.interval_s:
-            return
-        self._last = now
-        if self.lease_clock is not None and self.has_gpu:
-            self.gpu_busy = self.lease_clock.sample()
-        text = self.line(stats, width=self.console.width - 1 if self.tty else None)
-        if self.tty:
-            self.stream.write("\r" + text + "\x1b[K")
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def close(self, stats: RunStats, sample: bool = True) -> None:
-        """The last line; `sample=False` keeps the last GPU-busy figure (no server call,
-        for an interrupted run whose user is waiting)."""
-        if not sample:
-            self.lease_clock = None
-        self.update(stats, force=True)
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+    def usable(self, cand: Candidate) -> bool:
+        # Processes on other hosts share the database, not necessarily the disk.
+        return self.ctx.candidate_dir(cand).is_dir()
 
 
 class SearchLoop:
@@ -215,7 +169,7 @@ class SearchLoop:
                 return run
         return None
 
-    def _resume_jobs(self, prev: Run, stages: list[str]) -> tuple[list[Job], list[int]]:
+    def _resume_jobs(self, prev: Run, stages: list[Stage]) -> tuple[list[Job], list[int]]:
         """Jobs that finish what `prev` left: interrupted stages, and pipelines cut between stages."""
         jobs: dict[int, Job] = {}
         retried: list[int] = []
@@ -223,23 +177,24 @@ class SearchLoop:
             if self.pop.mark_interrupted(ev.id, f"interrupted: run {prev.id} died; retried by a resumed run"):
                 jobs.setdefault(ev.candidate_id, Job(candidate_id=ev.candidate_id)).retry_of[ev.stage] = ev.id
                 retried.append(ev.id)
-        if prev.state == "running":
-            self.pop.finish_run(prev.id, "interrupted", dead=True)
+        if prev.state == RunState.RUNNING:
+            self.pop.finish_run(prev.id, RunState.INTERRUPTED, dead=True)
         best = self.pop.best(prev.workload_id)
         best_speedup = self.pop.bench_speedup(best.candidate_id) if best else None
         for cand in self.pop.candidates(prev.workload_id):
             if cand.id in jobs:
                 continue
             evs = self.pop.evaluations(cand.id)
-            if not any(e.run_id == prev.id for e in evs) or any(e.status in ("failed", "running") for e in evs):
+            unfinished = any(e.status in (EvaluationStatus.FAILED, EvaluationStatus.RUNNING) for e in evs)
+            if not any(e.run_id == prev.id for e in evs) or unfinished:
                 continue
-            passed = {e.stage for e in evs if e.status == "passed"}
+            passed = {e.stage for e in evs if e.status == EvaluationStatus.PASSED}
             if not set(stages) <= passed:
                 jobs[cand.id] = Job(candidate_id=cand.id)        # cut between stages
-            elif "bench" in stages and not any(e.stage == CONFIRM_STAGE for e in evs):
+            elif Stage.BENCH in stages and not any(e.stage == Stage.CONFIRM for e in evs):
                 # Benched, then died before promotion was considered: only worth a job if it
                 # beats the best (the pipeline itself is all skips).
-                bench = [e.speedup for e in evs if e.stage == "bench" and e.status == "passed"]
+                bench = [e.speedup for e in evs if e.stage == Stage.BENCH and e.status == EvaluationStatus.PASSED]
                 if bench and bench[-1] is not None and (best_speedup is None or bench[-1] > best_speedup):
                     jobs[cand.id] = Job(candidate_id=cand.id)
         return list(jobs.values()), retried
@@ -286,7 +241,7 @@ class SearchLoop:
         return view.state(tried, proposals)
 
     def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int, worker_id: int,
-                  stage: str) -> tuple[Candidate, int | None] | None:
+                  stage: Stage) -> tuple[Candidate, int | None] | None:
         """Render and store a proposal, claimed for this process in the same transaction:
         (candidate, its first stage's evaluation, or None if it was known and evaluated)."""
         family = families[proposal.family]
@@ -296,7 +251,7 @@ class SearchLoop:
             log.error("render failed: %s", exc)
             return None
         cand, _created, eid = self.pop.add_and_claim(NewCandidate(
-            workload_id=workload_id, origin="seed" if proposal.operator == "seed" else "template",
+            workload_id=workload_id, origin=Origin.SEED if proposal.operator == "seed" else Origin.TEMPLATE,
             family=family.name, params=proposal.params, digest=directory.name,
             directory=display_path(directory), parents=proposal.parents, generation=proposal.generation,
             operator=proposal.operator, run_id=run_id), stage, worker_id=worker_id)
@@ -310,6 +265,34 @@ class SearchLoop:
         workload_id = self.pop.ensure_workload(cfg.workload_name, display_path(cfg.workload_dir))
         health = self.client.health()
         slots = cfg.remote.concurrency or server_concurrency(health)
+        self._preflight(health, families)
+        prev, jobs, retried = self._resume_previous(workload_id, stages)
+        run_id, worker_id = self._enter_run(workload_id, prev)
+        work = self._start_work(families, stages, workload_id, run_id, worker_id, slots, jobs)
+        lease_clock = LeaseClock(lambda: self.client.health(retry=False, timeout_s=2.0))
+        lease_clock.start(health)
+        progress = Progress(self.stream, slots, self.progress_interval_s,
+                            has_gpu=health_gpus(health) > 0, lease_clock=lease_clock)
+        self._refresh_best(workload_id, work.stats)
+
+        stopped = self._drive(work, progress)
+
+        stats = work.stats
+        best = self.pop.best(workload_id)
+        self.events.emit(EventKind.ABORT if self.aborted else EventKind.FINISH, run_id=run_id,
+                         workload=cfg.workload_name, reason=stopped, evaluated=stats.evaluated,
+                         passed=stats.passed, failures=dict(stats.failures), promotions=stats.promotions,
+                         best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup)
+        return RunSummary(aborted=self.aborted is not None, run_id=run_id, workload_id=workload_id,
+                          evaluated=stats.evaluated, passed=stats.passed,
+                          failures=dict(stats.failures), promotions=stats.promotions,
+                          best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup,
+                          stopped_because=stopped, resumed_from=prev.id if prev else None, retried=retried,
+                          worker_id=worker_id, joined=self.join is not None,
+                          gpu_busy=lease_clock.sample() if progress.has_gpu else None)
+
+    def _preflight(self, health: dict, families: dict[str, Family]) -> None:
+        cfg = self.config
         found = problems(cfg, health, families) or tool_problems(cfg, health, families,
                                                                  lambda: probe_ncu(self.client))
         if found:  # before any run or candidate is recorded: nothing to clean up
@@ -317,13 +300,18 @@ class SearchLoop:
                              reason="preflight: " + "; ".join(found))
             raise PreflightError(found)
 
-        jobs: list[Job] = []
-        retried: list[int] = []
+    def _resume_previous(self, workload_id: int, stages: list[Stage]) -> tuple[Run | None, list[Job], list[int]]:
+        """With --resume: the dead run to finish, the jobs it left and the evaluations retried."""
         prev = self._previous_run(workload_id) if self.resume else None
         if self.resume and prev is None:
             self.stream.write("evolve: nothing to resume for this workload; starting a new run\n")
-        if prev is not None:
-            jobs, retried = self._resume_jobs(prev, stages)
+        if prev is None:
+            return None, [], []
+        jobs, retried = self._resume_jobs(prev, stages)
+        return prev, jobs, retried
+
+    def _enter_run(self, workload_id: int, prev: Run | None) -> tuple[int, int]:
+        """(run, this process's worker row): the run --join names, else a new one."""
         if self.join is not None:
             run_id = self._run_to_join(workload_id)
             try:
@@ -331,172 +319,171 @@ class SearchLoop:
             except ValueError as exc:   # its last worker left since we looked
                 raise JoinError(str(exc)) from None
         else:
-            record = cfg.to_record() | {"resumed_from": prev.id if prev else None}
-            run_id = self.pop.start_run(workload_id, record, cfg.strategy.kind)
+            record = self.config.to_record() | {"resumed_from": prev.id if prev else None}
+            run_id = self.pop.start_run(workload_id, record, self.config.strategy.kind)
             worker_id = self.pop.join_run(run_id)
         self._run_id = run_id
+        return run_id, worker_id
 
-        stats = RunStats()
+    def _start_work(self, families: dict[str, Family], stages: list[Stage], workload_id: int, run_id: int,
+                    worker_id: int, slots: int, jobs: list[Job]) -> _Work:
+        cfg = self.config
         ctx = StageContext(client=self.client, pop=self.pop, workload_id=workload_id,
                            workload_dir=cfg.workload_dir, run_id=run_id, stages=cfg.stages, families=families,
                            gate=GpuGate(self.client, slots, cfg.remote.max_queue),
-                           transport_wait_s=cfg.remote.transport_wait_s, root_dir=cfg.root_dir, stats=stats,
+                           transport_wait_s=cfg.remote.transport_wait_s, root_dir=cfg.root_dir, stats=RunStats(),
                            cancel=self.cancel, worker_id=worker_id)
-        promoter = Promoter(ctx, cfg.promotion)
-
-        def usable(cand: Candidate) -> bool:
-            # Processes on other hosts share the database, not necessarily the disk.
-            return ctx.candidate_dir(cand).is_dir()
-
+        work = _Work(workload_id=workload_id, run_id=run_id, worker_id=worker_id, stages=stages,
+                     families=families, slots=slots, ctx=ctx, promoter=Promoter(ctx, cfg.promotion),
+                     strategy=make_strategy(cfg.strategy, families),
+                     # A joined process draws its own proposals, not the same ones as the run's first.
+                     rng=random.Random(f"{cfg.strategy.seed}:{run_id}"
+                                       + (f":{worker_id}" if self.join is not None else "")),
+                     jobs=jobs,
+                     # Every point the population already holds counts as tried: a resumed run (or a
+                     # second run on the same database) does not spend a proposal on it again.
+                     tried={point_key(family, params) for family, params in self.pop.family_points(workload_id)})
         if self.join is not None:
-            jobs.extend(self._reclaim(run_id, worker_id, usable))
-        strategy = make_strategy(cfg.strategy, families)
-        # A joined process draws its own proposals, not the same ones as the run's first.
-        rng = random.Random(f"{cfg.strategy.seed}:{run_id}" + (f":{worker_id}" if self.join is not None else ""))
-        lease_clock = LeaseClock(lambda: self.client.health(retry=False, timeout_s=2.0))
-        lease_clock.start(health)
-        progress = Progress(self.stream, slots, self.progress_interval_s,
-                            has_gpu=health_gpus(health) > 0, lease_clock=lease_clock)
+            work.jobs.extend(self._reclaim(run_id, worker_id, work.usable))
+        work.started = time.monotonic()
+        work.deadline = self._deadline(work.started)
+        return work
 
-        # Every point the population already holds counts as tried: a resumed run (or a second
-        # run on the same database) does not spend a proposal on it again.
-        tried: set = {point_key(family, params) for family, params in self.pop.family_points(workload_id)}
-        submitted: set[int] = set()
-        proposals = 0
-        started = time.monotonic()
-        deadline = self._deadline(started)
-        exhausted = False
-        started_jobs = 0
-        stopped = "budget"
-        futures: dict[Future, int] = {}
-        self._refresh_best(workload_id, stats)
+    def _job(self, work: _Work, job: Job) -> tuple[PipelineOutcome, Decision | None]:
+        """One candidate's pipeline and, if its bench passed, its promotion decision (a worker thread)."""
+        cand = self.pop.candidate(job.candidate_id)
+        assert cand is not None
+        outcome = run_pipeline(work.ctx, cand, work.stages, job.retry_of, job.claimed)
+        decision = None
+        if outcome.passed and outcome.bench is not None and Stage.BENCH in work.stages:
+            decision = work.promoter.consider(cand, outcome.bench, retry_of=job.retry_of.get(Stage.CONFIRM))
+        return outcome, decision
 
-        def job_fn(job: Job) -> tuple[PipelineOutcome, Decision | None]:
-            cand = self.pop.candidate(job.candidate_id)
-            assert cand is not None
-            outcome = run_pipeline(ctx, cand, stages, job.retry_of, job.claimed)
-            decision = None
-            if outcome.passed and outcome.bench is not None and "bench" in stages:
-                decision = promoter.consider(cand, outcome.bench, retry_of=job.retry_of.get(CONFIRM_STAGE))
-            return outcome, decision
-
-        def next_job() -> Job | None:
-            nonlocal proposals, exhausted
-            if jobs:
-                return jobs.pop(0)
-            if not stages:   # nothing to evaluate a candidate with, so nothing to claim
-                exhausted = True
-                return None
-            first = stages[0]
-            waiting = self.pop.claim_next(workload_id, first, run_id=run_id, worker_id=worker_id, usable=usable)
-            if waiting is not None:
-                return Job(candidate_id=waiting[0].id, claimed={first: waiting[1]})
-            duplicates = 0
-            while duplicates < MAX_DUPLICATES:
-                proposal = strategy.propose(self._state(workload_id, tried, proposals), rng)
-                if proposal is None:
-                    exhausted = True
-                    return None
-                proposals += 1
-                tried.add(proposal.key)
-                registered = self._register(families, proposal, workload_id, run_id, worker_id, first)
-                if registered is None:
-                    stats.failures["render"] += 1
-                    duplicates += 1  # a broken template must not spin this loop
-                    continue
-                cand, eid = registered
-                tried.add(point_key(cand.family or "", cand.params))
-                if eid is not None:
-                    return Job(candidate_id=cand.id, claimed={first: eid})
-                duplicates += 1
-            exhausted = not futures  # nothing new nearby and nothing running: the space is used up
+    def _next_job(self, work: _Work) -> Job | None:
+        """Owed work first, then a candidate waiting in the population, then a new proposal;
+        None when there is none now (`work.exhausted` says whether there will be)."""
+        if work.jobs:
+            return work.jobs.pop(0)
+        if not work.stages:   # nothing to evaluate a candidate with, so nothing to claim
+            work.exhausted = True
             return None
+        first = work.stages[0]
+        waiting = self.pop.claim_next(work.workload_id, first, run_id=work.run_id, worker_id=work.worker_id,
+                                      usable=work.usable)
+        if waiting is not None:
+            return Job(candidate_id=waiting[0].id, claimed={first: waiting[1]})
+        duplicates = 0
+        while duplicates < MAX_DUPLICATES:
+            proposal = work.strategy.propose(self._state(work.workload_id, work.tried, work.proposals), work.rng)
+            if proposal is None:
+                work.exhausted = True
+                return None
+            work.proposals += 1
+            work.tried.add(proposal.key)
+            registered = self._register(work.families, proposal, work.workload_id, work.run_id, work.worker_id,
+                                        first)
+            if registered is None:
+                work.stats.failures["render"] += 1
+                duplicates += 1  # a broken template must not spin this loop
+                continue
+            cand, eid = registered
+            work.tried.add(point_key(cand.family or "", cand.params))
+            if eid is not None:
+                return Job(candidate_id=cand.id, claimed={first: eid})
+            duplicates += 1
+        work.exhausted = not work.futures  # nothing new nearby and nothing running: the space is used up
+        return None
 
-        last_beat = time.monotonic()
-        executor = ThreadPoolExecutor(max_workers=slots + 1, thread_name_prefix="evolve-stage")
+    def _fill(self, work: _Work, executor: ThreadPoolExecutor) -> None:
+        """Start jobs until the pool is full, the budget is spent or there is none now."""
+        while len(work.futures) < work.slots + 1:
+            owed = bool(work.jobs)
+            job = self._next_job(work)
+            if job is None:
+                break
+            if not owed:
+                work.started_jobs += 1
+            work.futures[executor.submit(self._job, work, job)] = job.candidate_id
+            with work.stats.lock:
+                work.stats.in_flight = len(work.futures)
+            if self._budget_left(work.started_jobs, work.started, work.deadline, owed=bool(work.jobs)) is not None:
+                break
+
+    def _drive(self, work: _Work, progress: Progress) -> str:
+        """Run jobs on a thread pool until the budget is spent or the space used up; leaves
+        the run on the way out (however it ends). Returns why it stopped."""
+        executor = ThreadPoolExecutor(max_workers=work.slots + 1, thread_name_prefix="evolve-stage")
         try:
-            while True:
-                reason = self._budget_left(started_jobs, started, deadline, owed=bool(jobs))
-                if reason is None and not exhausted:
-                    while len(futures) < slots + 1:
-                        owed = bool(jobs)
-                        job = next_job()
-                        if job is None:
-                            break
-                        submitted.add(job.candidate_id)
-                        if not owed:
-                            started_jobs += 1
-                        futures[executor.submit(job_fn, job)] = job.candidate_id
-                        with stats.lock:
-                            stats.in_flight = len(futures)
-                        if self._budget_left(started_jobs, started, deadline, owed=bool(jobs)) is not None:
-                            break
-                elif reason is not None:
-                    stopped = reason
-                if not futures:
-                    if exhausted:
-                        stopped = "search space exhausted"
-                    break
-                done, _ = wait(list(futures), timeout=0.5, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    futures.pop(fut)
-                    self._account(fut, stats)
-                if done:
-                    self._refresh_best(workload_id, stats)
-                with stats.lock:
-                    stats.in_flight = len(futures)
-                if time.monotonic() - last_beat > HEARTBEAT_S:
-                    if not self.pop.heartbeat_worker(worker_id):
-                        log.warning("worker %s of run %s had left the run; its heartbeat was not renewed",
-                                    worker_id, run_id)
-                    jobs.extend(self._reclaim(run_id, worker_id, usable))
-                    last_beat = time.monotonic()
-                progress.update(stats)
+            stopped = self._pump(work, executor, progress)
         except KeyboardInterrupt:
-            self.cancel.set()
-            # Marked first: if the user abandons the stages in flight, --resume retries them.
-            # (A run other live processes work on goes on; this one keeps its lease while
-            # its stages finish.)
-            self.pop.leave_run(worker_id, "interrupted", still_working=True)
-            progress.close(stats, sample=False)
-            if futures:
-                self.stream.write(f"evolve: interrupted; finishing {len(futures)} stage(s) in flight "
-                                  "(interrupt again to abandon them; --resume retries them)\n")
-                self.stream.flush()
-            try:
-                executor.shutdown(wait=True, cancel_futures=True)
-            except KeyboardInterrupt:
-                self.stream.write("evolve: abandoned the stages in flight (the server cancels their programs; "
-                                  "--resume retries them)\n")
-                self.stream.flush()
-                # Exiting closes every connection, which is what makes the server cancel the
-                # programs (not Client.abort(): its threads would wake and record a failure
-                # first). Their rows stay "running" in this interrupted run: --resume marks
-                # them interrupted and retries them; no thread lives to record a result.
-                # (A normal exit would wait for worker threads blocked in HTTP calls.)
-                os._exit(130)
-            self.pop.leave_run(worker_id, "interrupted")
+            self._interrupted(work, executor, progress)
             raise
         except BaseException:
             self.cancel.set()
             executor.shutdown(wait=True, cancel_futures=True)
-            self.pop.leave_run(worker_id, "failed")
+            self.pop.leave_run(work.worker_id, RunState.FAILED)
             raise
         executor.shutdown(wait=True)
         # The run ends when its last live worker leaves; until then the others go on.
-        self.pop.leave_run(worker_id, "failed" if self.aborted else "finished")
-        progress.close(stats)
-        best = self.pop.best(workload_id)
-        self.events.emit(EventKind.ABORT if self.aborted else EventKind.FINISH, run_id=run_id,
-                         workload=cfg.workload_name, reason=stopped, evaluated=stats.evaluated,
-                         passed=stats.passed, failures=dict(stats.failures), promotions=stats.promotions,
-                         best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup)
-        return RunSummary(aborted=self.aborted is not None, run_id=run_id, workload_id=workload_id, evaluated=stats.evaluated, passed=stats.passed,
-                          failures=dict(stats.failures), promotions=stats.promotions,
-                          best_candidate_id=best.candidate_id if best else None, best_speedup=stats.best_speedup,
-                          stopped_because=stopped, resumed_from=prev.id if prev else None, retried=retried,
-                          worker_id=worker_id, joined=self.join is not None,
-                          gpu_busy=lease_clock.sample() if progress.has_gpu else None)
+        self.pop.leave_run(work.worker_id, RunState.FAILED if self.aborted else RunState.FINISHED)
+        progress.close(work.stats)
+        return stopped
+
+    def _pump(self, work: _Work, executor: ThreadPoolExecutor, progress: Progress) -> str:
+        stats = work.stats
+        stopped = "budget"
+        last_beat = time.monotonic()
+        while True:
+            reason = self._budget_left(work.started_jobs, work.started, work.deadline, owed=bool(work.jobs))
+            if reason is None and not work.exhausted:
+                self._fill(work, executor)
+            elif reason is not None:
+                stopped = reason
+            if not work.futures:
+                if work.exhausted:
+                    stopped = "search space exhausted"
+                return stopped
+            done, _ = wait(list(work.futures), timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in done:
+                work.futures.pop(fut)
+                self._account(fut, stats)
+            if done:
+                self._refresh_best(work.workload_id, stats)
+            with stats.lock:
+                stats.in_flight = len(work.futures)
+            if time.monotonic() - last_beat > HEARTBEAT_S:
+                if not self.pop.heartbeat_worker(work.worker_id):
+                    log.warning("worker %s of run %s had left the run; its heartbeat was not renewed",
+                                work.worker_id, work.run_id)
+                work.jobs.extend(self._reclaim(work.run_id, work.worker_id, work.usable))
+                last_beat = time.monotonic()
+            progress.update(stats)
+
+    def _interrupted(self, work: _Work, executor: ThreadPoolExecutor, progress: Progress) -> None:
+        """Ctrl-C: finish the stages in flight (a second Ctrl-C abandons them) and leave the run."""
+        self.cancel.set()
+        # Marked first: if the user abandons the stages in flight, --resume retries them.
+        # (A run other live processes work on goes on; this one keeps its lease while
+        # its stages finish.)
+        self.pop.leave_run(work.worker_id, RunState.INTERRUPTED, still_working=True)
+        progress.close(work.stats, sample=False)
+        if work.futures:
+            self.stream.write(f"evolve: interrupted; finishing {len(work.futures)} stage(s) in flight "
+                              "(interrupt again to abandon them; --resume retries them)\n")
+            self.stream.flush()
+        try:
+            executor.shutdown(wait=True, cancel_futures=True)
+        except KeyboardInterrupt:
+            self.stream.write("evolve: abandoned the stages in flight (the server cancels their programs; "
+                              "--resume retries them)\n")
+            self.stream.flush()
+            # Exiting closes every connection, which is what makes the server cancel the
+            # programs (not Client.abort(): its threads would wake and record a failure
+            # first). Their rows stay "running" in this interrupted run: --resume marks
+            # them interrupted and retries them; no thread lives to record a result.
+            # (A normal exit would wait for worker threads blocked in HTTP calls.)
+            os._exit(130)
+        self.pop.leave_run(work.worker_id, RunState.INTERRUPTED)
 
     # ---- helpers -----------------------------------------------------------------------
     def _deadline(self, started: float) -> float | None:
@@ -565,7 +552,7 @@ class SearchLoop:
         best = self.pop.best(workload_id)
         if best is None:
             return
-        for ev in reversed(self.pop.evaluations(best.candidate_id, "bench")):
-            if ev.status == "passed":
+        for ev in reversed(self.pop.evaluations(best.candidate_id, Stage.BENCH)):
+            if ev.status == EvaluationStatus.PASSED:
                 stats.best_ms, stats.best_speedup = ev.ms, ev.speedup
                 return

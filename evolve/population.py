@@ -30,7 +30,6 @@ from sqlalchemy.orm import Session
 from evolve.db import Database, open_database
 from evolve.db.logs import pack, unpack
 from evolve.db.models import (
-    REPEATABLE_STAGES,
     CandidateModel,
     CandidateParentModel,
     EvaluationLogModel,
@@ -60,7 +59,6 @@ from evolve.db.records import (
     NewCandidate,
     Promotion,
     Run,
-    RunState,
     RunThroughput,
     RunWorker,
     StageLogs,
@@ -68,7 +66,8 @@ from evolve.db.records import (
     StatusCount,
     Workload,
 )
-from evolve.leaderboard import RANKED_STAGE, leaderboard_rows
+from evolve.leaderboard import leaderboard_rows
+from evolve.vocabulary import LIVE, REPEATABLE_STAGES, VERDICTS, EvaluationStatus, FailureKind, RunState, Stage
 
 __all__ = [
     "Candidate",
@@ -89,7 +88,6 @@ __all__ = [
 DEFAULT_HEARTBEAT_TIMEOUT_S = 300.0
 _CLAIM_RETRIES = 8
 _CLAIM_SCAN = 64      # waiting candidates `claim_next` looks at before it gives up for now
-_LIVE = ("running", "passed")
 
 
 def pid_exists(pid: int) -> bool:
@@ -188,7 +186,7 @@ class Population:
                 workload_id=workload_id,
                 config=config,
                 strategy=strategy,
-                state="running",
+                state=RunState.RUNNING,
                 host=host or self.host,
                 pid=os.getpid() if pid is None else pid,
                 started_at=now,
@@ -203,7 +201,7 @@ class Population:
         with self.db.write() as s:
             result = s.execute(
                 update(RunModel)
-                .where(RunModel.id == run_id, RunModel.state == "running")
+                .where(RunModel.id == run_id, RunModel.state == RunState.RUNNING)
                 .values(heartbeat_at=utcnow())
             )
             return result.rowcount == 1  # type: ignore[attr-defined]
@@ -213,7 +211,7 @@ class Population:
 
         `dead`: the run's process is gone (found on resume): it ended at its last
         heartbeat, not now, so its wall time does not include the time it lay dead."""
-        if state == "running":
+        if state == RunState.RUNNING:
             raise ValueError("finish_run needs a final state: finished, failed or interrupted")
         with self.db.write() as s:
             now = utcnow()
@@ -223,7 +221,7 @@ class Population:
             )
             result = s.execute(
                 update(RunModel)
-                .where(RunModel.id == run_id, RunModel.state == "running")
+                .where(RunModel.id == run_id, RunModel.state == RunState.RUNNING)
                 .values(**values)
             )
             return result.rowcount == 1  # type: ignore[attr-defined]
@@ -243,7 +241,7 @@ class Population:
     def run_alive(self, run: Run, *, heartbeat_timeout_s: float | None = None) -> bool:
         """Running, with a fresh heartbeat, and one of its workers alive (a run without
         worker rows, from before they existed: its own process still exists on this host)."""
-        if run.state != "running":
+        if run.state != RunState.RUNNING:
             return False
         timeout = self.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
         if utcnow() - run.heartbeat_at > timedelta(seconds=timeout):
@@ -264,7 +262,7 @@ class Population:
             run = s.scalar(select(RunModel).where(RunModel.id == run_id).with_for_update(key_share=True))
             if run is None:
                 raise KeyError(f"no run with id {run_id}")
-            if run.state != "running":
+            if run.state != RunState.RUNNING:
                 raise ValueError(f"run {run_id} is {run.state}, not running")
             now = utcnow()
             row = RunWorkerModel(run_id=run_id, host=host or self.host, pid=os.getpid() if pid is None else pid,
@@ -282,7 +280,7 @@ class Population:
             run_id = (select(RunWorkerModel.run_id)
                       .where(RunWorkerModel.id == worker_id, RunWorkerModel.ended_at.is_(None))
                       .scalar_subquery())
-            s.execute(update(RunModel).where(RunModel.id == run_id, RunModel.state == "running")
+            s.execute(update(RunModel).where(RunModel.id == run_id, RunModel.state == RunState.RUNNING)
                       .values(heartbeat_at=now))
             result = s.execute(update(RunWorkerModel)
                                .where(RunWorkerModel.id == worker_id, RunWorkerModel.ended_at.is_(None))
@@ -295,7 +293,7 @@ class Population:
 
         `still_working`: the run may end, but the worker keeps its lease (its stages in
         flight are finishing; call again without it when they have)."""
-        if state == "running":
+        if state == RunState.RUNNING:
             raise ValueError("leave_run needs a final state: finished, failed or interrupted")
         with self.db.write() as s:
             worker = s.get(RunWorkerModel, worker_id)
@@ -309,7 +307,7 @@ class Population:
                 worker.ended_at = worker.ended_at or now
             others = s.scalars(select(RunWorkerModel).where(
                 RunWorkerModel.run_id == run.id, RunWorkerModel.id != worker_id, RunWorkerModel.ended_at.is_(None)))
-            if run.state != "running" or any(self.worker_alive(RunWorker.model_validate(w)) for w in others):
+            if run.state != RunState.RUNNING or any(self.worker_alive(RunWorker.model_validate(w)) for w in others):
                 return False
             run.state, run.ended_at, run.heartbeat_at = state, now, now
             return True
@@ -346,7 +344,7 @@ class Population:
                     raise
                 return candidate_snapshot(existing), False
 
-    def add_and_claim(self, new: NewCandidate, stage: str, *, worker_id: int | None = None
+    def add_and_claim(self, new: NewCandidate, stage: Stage, *, worker_id: int | None = None
                       ) -> tuple[Candidate, bool, int | None]:
         """A proposal stored and claimed in one transaction, so no other process can take it
         for a waiting registration in between: (candidate, created, its first `stage`'s
@@ -481,7 +479,7 @@ class Population:
     def begin_stage(
         self,
         candidate_id: int,
-        stage: str,
+        stage: Stage,
         run_id: int | None = None,
         retry_of: int | None = None,
         worker_id: int | None = None,
@@ -489,8 +487,8 @@ class Population:
         """Claim (candidate, stage): a new "running" evaluation, or None if the candidate
         already has a running or passed evaluation of this stage (repeatable stages such as
         "confirm" are always granted a new attempt). `worker_id`: the process holding it."""
-        if not stage or len(stage) > 32:
-            raise ValueError(f"bad stage name {stage!r}")
+        if stage not in set(Stage):
+            raise ValueError(f"bad stage name {str(stage)!r}; known: {', '.join(Stage)}")
         repeatable = stage in REPEATABLE_STAGES
         for _ in range(_CLAIM_RETRIES):
             try:
@@ -499,7 +497,7 @@ class Population:
                     same = and_(EvaluationModel.candidate_id == candidate_id, EvaluationModel.stage == stage)
                     if not repeatable:
                         taken = s.scalar(
-                            select(EvaluationModel.id).where(same, EvaluationModel.status.in_(_LIVE)).limit(1)
+                            select(EvaluationModel.id).where(same, EvaluationModel.status.in_(LIVE)).limit(1)
                         )
                         if taken is not None:
                             return None
@@ -511,7 +509,7 @@ class Population:
                         retry_of=retry_of,
                         run_id=run_id,
                         worker_id=worker_id,
-                        status="running",
+                        status=EvaluationStatus.RUNNING,
                         message="",
                         metrics={},
                         started_at=utcnow(),
@@ -524,9 +522,9 @@ class Population:
             except IntegrityError:
                 # Another process inserted first (claim index or attempt number); look again.
                 continue
-        raise RuntimeError(f"could not claim stage {stage!r} of candidate {candidate_id} after {_CLAIM_RETRIES} tries")
+        raise RuntimeError(f"could not claim stage {str(stage)!r} of candidate {candidate_id} after {_CLAIM_RETRIES} tries")
 
-    def claim_new(self, candidate_id: int, stage: str, *, run_id: int | None = None,
+    def claim_new(self, candidate_id: int, stage: Stage, *, run_id: int | None = None,
                   worker_id: int | None = None) -> int | None:
         """Claim a candidate that was never evaluated by starting its first `stage`: the
         new evaluation's id, or None if the candidate has any evaluation (another process
@@ -538,7 +536,7 @@ class Population:
         except IntegrityError:  # another process's claim won on the unique index
             return None
 
-    def claim_next(self, workload_id: int, stage: str, *, run_id: int | None = None, worker_id: int | None = None,
+    def claim_next(self, workload_id: int, stage: Stage, *, run_id: int | None = None, worker_id: int | None = None,
                    skip: Sequence[int] = (),
                    usable: Callable[[Candidate], bool] | None = None) -> tuple[Candidate, int] | None:
         """Claim the oldest never-evaluated candidate of the workload (agent registrations
@@ -577,7 +575,7 @@ class Population:
         return None
 
     @staticmethod
-    def _start_first(s: Session, candidate_id: int, stage: str, run_id: int | None, worker_id: int | None) -> int | None:
+    def _start_first(s: Session, candidate_id: int, stage: Stage, run_id: int | None, worker_id: int | None) -> int | None:
         """In a transaction that holds the candidate's row lock: its first evaluation, or None
         if it has one already (this statement sees every claim committed before the lock)."""
         now = utcnow()
@@ -585,7 +583,7 @@ class Population:
             Population._mark_claimed(s, candidate_id, now)   # e.g. rows written before the column existed
             return None
         row = EvaluationModel(candidate_id=candidate_id, stage=stage, attempt=1, run_id=run_id, worker_id=worker_id,
-                              status="running", message="", metrics={}, started_at=now)
+                              status=EvaluationStatus.RUNNING, message="", metrics={}, started_at=now)
         s.add(row)
         s.flush()
         Population._mark_claimed(s, candidate_id, now)
@@ -615,10 +613,10 @@ class Population:
                 raise KeyError(f"retry_of: no evaluation with id {retry_of}")
             if prior.candidate_id != candidate_id or prior.stage != stage:
                 raise ValueError(
-                    f"retry_of={retry_of} is stage {prior.stage!r} of candidate {prior.candidate_id}, "
-                    f"not stage {stage!r} of candidate {candidate_id}"
+                    f"retry_of={retry_of} is stage {str(prior.stage)!r} of candidate {prior.candidate_id}, "
+                    f"not stage {str(stage)!r} of candidate {candidate_id}"
                 )
-            if prior.status == "running":
+            if prior.status == EvaluationStatus.RUNNING:
                 raise ValueError(f"retry_of={retry_of} is still running; mark it interrupted first")
 
     def finish_stage(self, evaluation_id: int, result: StageResult) -> bool:
@@ -628,7 +626,7 @@ class Population:
         with self.db.write() as s:
             outcome = s.execute(
                 update(EvaluationModel)
-                .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == "running")
+                .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == EvaluationStatus.RUNNING)
                 .values(**values, ended_at=utcnow())
             )
             if outcome.rowcount != 1:  # type: ignore[attr-defined]
@@ -636,7 +634,7 @@ class Population:
             if result.logs is not None and not result.logs.empty():
                 s.add(EvaluationLogModel(evaluation_id=evaluation_id, stdout=pack(result.logs.stdout),
                                          stderr=pack(result.logs.stderr), traceback=pack(result.logs.traceback)))
-            if result.status == "passed" and result.speedup is not None:
+            if result.status == EvaluationStatus.PASSED and result.speedup is not None:
                 self._raise_best_speedup(s, evaluation_id, result.speedup)
             return True
 
@@ -645,7 +643,7 @@ class Population:
         """Keep candidates.best_speedup (the leaderboard's key) in step with a passed bench."""
         owner = (
             select(EvaluationModel.candidate_id)
-            .where(EvaluationModel.id == evaluation_id, EvaluationModel.stage == RANKED_STAGE)
+            .where(EvaluationModel.id == evaluation_id, EvaluationModel.stage == Stage.BENCH)
             .scalar_subquery()
         )
         s.execute(
@@ -663,8 +661,8 @@ class Population:
             select(func.max(EvaluationModel.speedup))
             .where(
                 EvaluationModel.candidate_id == CandidateModel.id,
-                EvaluationModel.stage == RANKED_STAGE,
-                EvaluationModel.status == "passed",
+                EvaluationModel.stage == Stage.BENCH,
+                EvaluationModel.status == EvaluationStatus.PASSED,
             )
             .scalar_subquery()
         )
@@ -676,8 +674,8 @@ class Population:
         with self.db.write() as s:
             outcome = s.execute(
                 update(EvaluationModel)
-                .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == "running")
-                .values(status="interrupted", message=message, ended_at=utcnow())
+                .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == EvaluationStatus.RUNNING)
+                .values(status=EvaluationStatus.INTERRUPTED, message=message, ended_at=utcnow())
             )
             return outcome.rowcount == 1  # type: ignore[attr-defined]
 
@@ -688,7 +686,7 @@ class Population:
         every run; rows with no run count as dead once they are older than the heartbeat
         timeout."""
         timeout = self.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
-        query = select(EvaluationModel).where(EvaluationModel.status == "running").order_by(EvaluationModel.id)
+        query = select(EvaluationModel).where(EvaluationModel.status == EvaluationStatus.RUNNING).order_by(EvaluationModel.id)
         if run_id is not None:
             query = query.where(EvaluationModel.run_id == run_id)
         with self.db.read() as s:
@@ -725,7 +723,7 @@ class Population:
                 return None
             return StageLogs(stdout=unpack(row.stdout), stderr=unpack(row.stderr), traceback=unpack(row.traceback))
 
-    def evaluations(self, candidate_id: int, stage: str | None = None) -> list[Evaluation]:
+    def evaluations(self, candidate_id: int, stage: Stage | None = None) -> list[Evaluation]:
         query = select(*EVALUATION_COLUMNS).where(EvaluationModel.candidate_id == candidate_id)
         if stage is not None:
             query = query.where(EvaluationModel.stage == stage)
@@ -736,8 +734,8 @@ class Population:
         self,
         workload_id: int | None = None,
         *,
-        stage: str | None = None,
-        status: str | None = None,
+        stage: Stage | None = None,
+        status: EvaluationStatus | None = None,
         run_id: int | None = None,
     ) -> list[Evaluation]:
         """Evaluations in id order, filtered by workload, stage, status and run."""
@@ -781,10 +779,10 @@ class Population:
                 select(
                     E.run_id,
                     func.count(),
-                    func.count(func.distinct(E.candidate_id)).filter(E.stage == RANKED_STAGE),
+                    func.count(func.distinct(E.candidate_id)).filter(E.stage == Stage.BENCH),
                     func.coalesce(func.sum(E.lease_held_ms), 0.0),
                 )
-                .where(E.run_id.in_(ids), E.status.in_(("passed", "failed")))
+                .where(E.run_id.in_(ids), E.status.in_(VERDICTS))
                 .group_by(E.run_id)
             )
             with self.db.read() as s:
@@ -798,9 +796,6 @@ class Population:
                 stages=int(stages), benched=int(benched), lease_held_s=float(lease_ms) / 1000.0)
         return out
 
-    def run_throughput(self, run: Run) -> RunThroughput:
-        return self.run_throughputs([run])[run.id]
-
     def status_counts(self, workload_id: int | None = None) -> list[StatusCount]:
         """How many evaluations per (stage, status, failure kind)."""
         query = select(
@@ -812,7 +807,8 @@ class Population:
             )
         with self.db.read() as s:
             rows = s.execute(query).all()
-        counts = [StatusCount(stage=a, status=b, failure_kind=c, count=n) for a, b, c, n in rows]
+        counts = [StatusCount(stage=Stage(a), status=EvaluationStatus(b), failure_kind=None if c is None else FailureKind(c),
+                              count=n) for a, b, c, n in rows]
         return sorted(counts, key=lambda c: (c.stage, c.status, c.failure_kind or ""))
 
     def correct(self, workload_id: int) -> list[tuple[Candidate, float]]:
@@ -822,8 +818,8 @@ class Population:
             .join(CandidateModel, CandidateModel.id == EvaluationModel.candidate_id)
             .where(
                 CandidateModel.workload_id == workload_id,
-                EvaluationModel.stage == "bench",
-                EvaluationModel.status.in_(("passed", "failed")),
+                EvaluationModel.stage == Stage.BENCH,
+                EvaluationModel.status.in_(VERDICTS),
             )
             .group_by(EvaluationModel.candidate_id)
             .subquery()
@@ -833,7 +829,7 @@ class Population:
             .add_columns(EvaluationModel.speedup.label("bench_speedup"))
             .join(latest, latest.c.candidate_id == CandidateModel.id)
             .join(EvaluationModel, EvaluationModel.id == latest.c.eid)
-            .where(EvaluationModel.status == "passed", EvaluationModel.speedup.is_not(None))
+            .where(EvaluationModel.status == EvaluationStatus.PASSED, EvaluationModel.speedup.is_not(None))
             .order_by(EvaluationModel.speedup.desc(), CandidateModel.id)
         )
         with self.db.read() as s:
@@ -848,7 +844,7 @@ class Population:
         latest = (
             select(E.candidate_id, func.max(E.id).label("eid"))
             .join(C, C.id == E.candidate_id)
-            .where(C.workload_id == workload_id, E.stage == "bench", E.status.in_(("passed", "failed")))
+            .where(C.workload_id == workload_id, E.stage == Stage.BENCH, E.status.in_(VERDICTS))
             .group_by(E.candidate_id)
             .subquery()
         )
@@ -856,7 +852,7 @@ class Population:
             select(C.id, C.family, C.params, C.generation, E.speedup)
             .join(latest, latest.c.candidate_id == C.id)
             .join(E, E.id == latest.c.eid)
-            .where(E.status == "passed", E.speedup.is_not(None))
+            .where(E.status == EvaluationStatus.PASSED, E.speedup.is_not(None))
             .order_by(E.speedup.desc(), C.id)
         )
         with self.db.read() as s:
@@ -888,14 +884,14 @@ class Population:
                      None if speedup is None else float(speedup), None if kind is None else str(kind))
                     for eid, cid, family, params, generation, stage, status, speedup, kind in found]
 
-    def failed_points(self, workload_id: int, kinds: Sequence[str]) -> list[tuple[int, str, dict[str, Any], str]]:
+    def failed_points(self, workload_id: int, kinds: Sequence[FailureKind]) -> list[tuple[int, str, dict[str, Any], str]]:
         """Family candidates with a failed evaluation of one of `kinds`, as (id, family,
         params, first such kind), in id order: what a search learns to avoid."""
         C, E = CandidateModel, EvaluationModel
         query = (
             select(C.id, C.family, C.params, E.failure_kind)
             .join(E, E.candidate_id == C.id)
-            .where(C.workload_id == workload_id, C.family.is_not(None), E.status == "failed",
+            .where(C.workload_id == workload_id, C.family.is_not(None), E.status == EvaluationStatus.FAILED,
                    E.failure_kind.in_(tuple(kinds)))
             .order_by(C.id, E.id)
         )
@@ -920,13 +916,13 @@ class Population:
                 select(EvaluationModel.status, EvaluationModel.speedup)
                 .where(
                     EvaluationModel.candidate_id == candidate_id,
-                    EvaluationModel.stage == "bench",
-                    EvaluationModel.status.in_(("passed", "failed")),
+                    EvaluationModel.stage == Stage.BENCH,
+                    EvaluationModel.status.in_(VERDICTS),
                 )
                 .order_by(EvaluationModel.id.desc())
                 .limit(1)
             ).first()
-        if row is None or row.status != "passed" or row.speedup is None:
+        if row is None or row.status != EvaluationStatus.PASSED or row.speedup is None:
             return None
         return float(row.speedup)
 

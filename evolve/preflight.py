@@ -15,8 +15,8 @@ from kcoral.runners.tool_runner import NCU_PATTERNS
 
 from evolve.config import RunConfig
 from evolve.families import Family
+from evolve.vocabulary import TOOL_STAGES, Stage
 
-TOOL_STAGES = ("iket", "ncu")
 # Asks the server where ncu is, the way its tool runner looks for it (PATH, then NCU_PATTERNS).
 NCU_PROBE = f"""import glob, json, shutil
 found = shutil.which("ncu") or next((h[-1] for h in (sorted(glob.glob(p)) for p in {NCU_PATTERNS!r}) if h), None)
@@ -88,12 +88,12 @@ def tool_problems(config: RunConfig, health: dict[str, Any], families: dict[str,
             if lacking:
                 found.append(f"stage {stage} runs {app[-1]} in the candidate's folder, but the candidates of "
                              f"families {lacking} have no such file (add it to the family's render or copy list)")
-    if "ncu" in enabled:
+    if Stage.NCU in enabled:
         try:
             where = find_ncu()
         except Exception as exc:  # noqa: BLE001 - any failure of the probe is one line here
             return [*found, f"stage ncu: could not ask the server whether it has Nsight Compute: {exc}"]
-    if "ncu" in enabled and where is None:
+    if Stage.NCU in enabled and where is None:
         found.append("stage ncu is enabled but the server has no Nsight Compute: ncu is not on its PATH nor in "
                      + ", ".join(NCU_PATTERNS))
     return found

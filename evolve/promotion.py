@@ -23,9 +23,9 @@ from evolve.pipeline import bench as bench_stage
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.runner import run_stage
 from evolve.population import Candidate, StageResult
+from evolve.vocabulary import EvaluationStatus, Stage
 
 log = logging.getLogger(__name__)
-CONFIRM_STAGE = "confirm"
 
 
 class Decision(BaseModel):
@@ -45,7 +45,7 @@ def relative_spread(result: StageResult) -> float:
 
 def decide(runs: list[StageResult], has_best: bool, margin: float) -> tuple[bool, str, float | None, float | None]:
     """(promote?, why, mean speedup, largest spread) from the confirmation runs."""
-    failed = [r for r in runs if r.status != "passed"]
+    failed = [r for r in runs if r.status != EvaluationStatus.PASSED]
     if failed:
         return False, f"confirmation run failed: {failed[0].failure_kind}: {failed[0].message[:200]}", None, None
     speedups = [r.speedup for r in runs if r.speedup is not None]
@@ -72,7 +72,7 @@ class Promoter:
 
     def consider(self, cand: Candidate, bench: StageResult, retry_of: int | None = None) -> Decision | None:
         """Confirm `cand` if its bench beats the confirmed best; None when it does not."""
-        if bench.status != "passed" or bench.speedup is None or self.ctx.cancel.is_set():
+        if bench.status != EvaluationStatus.PASSED or bench.speedup is None or self.ctx.cancel.is_set():
             return None
         with self._lock:
             pop = self.ctx.pop
@@ -98,12 +98,12 @@ class Promoter:
             eids: list[int] = []
             for i in range(self.policy.confirm_runs):
                 # The first run carries the lineage of a confirmation a dead process left.
-                eid, result = run_stage(self.ctx, CONFIRM_STAGE, cand, retry_of=retry_of if i == 0 else None,
+                eid, result = run_stage(self.ctx, Stage.CONFIRM, cand, retry_of=retry_of if i == 0 else None,
                                         fn=confirm_run)
                 assert eid is not None and result is not None  # confirm is repeatable
                 eids.append(eid)
                 runs.append(result)
-                if result.status != "passed":
+                if result.status != EvaluationStatus.PASSED:
                     break
                 if best is not None and (result.speedup or 0.0) <= 1.0:
                     break  # already lost to the best side by side: more runs cannot promote it

@@ -19,7 +19,8 @@ from bisect import bisect_left
 import numpy as np
 
 from evolve.population import Population
-from evolve.strategies.base import INFEASIBLE_KINDS, Columns, Failed, Parent, SearchState
+from evolve.strategies.base import Columns, Failed, Parent, SearchState
+from evolve.vocabulary import INFEASIBLE_KINDS
 
 LAG = 256        # ids re-read below the highest seen: commits out of id order land there
 REFRESH = 500    # reads between full reads: anything a lag could still miss heals then
@@ -79,7 +80,7 @@ class SearchView:
                 self._ranks.insert(i, _rank(now))
                 self._order.insert(i, now)
                 ids, speedups = np.insert(ids, i, now.id), np.insert(speedups, i, now.speedup)
-                families = np.insert(families, i, now.family)
+                families = np.insert(families, i, now.family)   # type: ignore[arg-type]  # None too: object column
         if changes:
             self._columns = Columns(ids, speedups, families).frozen()
 

@@ -4,25 +4,27 @@ otherwise one plain line per stage start and end, for logs."""
 from __future__ import annotations
 
 import time
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
-class StagePhase(str, Enum):
+
+class StagePhase(StrEnum):
     STARTED = "started"
     FINISHED = "finished"
 
 
 class StageEvent(BaseModel):
     candidate_id: int
-    stage: str
+    stage: Stage
     phase: StagePhase
-    status: str | None = None          # passed | failed, when finished
-    failure_kind: str | None = None
+    status: EvaluationStatus | None = None     # passed | failed, when finished
+    failure_kind: FailureKind | None = None
     seconds: float | None = None
     message: str = ""                  # first line of a failure
 

@@ -9,10 +9,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Client": "client", "RemoteError": "errors", "TransportError": "errors",
-    "Cancelled": "errors",
+    "Client": "client", "KcoralError": "errors", "RemoteError": "errors", "TransportError": "errors",
+    "Cancelled": "errors", "WireError": "errors",
     "Program": "program", "Register": "program", "FileValue": "values", "FolderValue": "values",
-    "ErrorInfo": "wire", "Outcome": "wire",
+    "ErrorInfo": "protocol.error_info", "ErrorKind": "protocol.error_kind", "Outcome": "outcome",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from kcoral.protocol.error_kind import ErrorKind
+
 __all__ = ["ExecutionError", "benchmark", "compile_tirx"]
 
 # (fn, args, {"warmup_ms", "rep_ms", "flush_l2"}) -> latency stats, set by the worker.
@@ -21,9 +23,9 @@ _CONFIG_KEYS = frozenset({"warmup_ms", "repeat_ms", "flush_l2", "warmup", "repea
 class ExecutionError(Exception):
     """Ends the program FAILED with `kind` (a protocol error kind)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: ErrorKind | str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind = ErrorKind.of(kind)
 
 
 def install(benchmark_impl: BenchmarkImpl) -> None:
@@ -40,15 +42,15 @@ def benchmark(fn: Any, *rest: Any) -> dict[str, Any]:
     """
     args, cfg = (list(rest[:-1]), rest[-1]) if rest and isinstance(rest[-1], dict) else (list(rest), {})
     if not callable(fn):
-        raise ExecutionError("runtime", "benchmark expects a callable")
+        raise ExecutionError(ErrorKind.RUNTIME, "benchmark expects a callable")
     unknown = set(cfg) - _CONFIG_KEYS
     if unknown:
-        raise ExecutionError("runtime", f"benchmark: unknown config keys {sorted(unknown)}")
+        raise ExecutionError(ErrorKind.RUNTIME, f"benchmark: unknown config keys {sorted(unknown)}")
     if "warmup" in cfg or "repeat" in cfg:
-        raise ExecutionError("unavailable", "benchmark: explicit warmup/repeat counts are not offered; "
+        raise ExecutionError(ErrorKind.UNAVAILABLE, "benchmark: explicit warmup/repeat counts are not offered; "
                              "use warmup_ms/repeat_ms")
     if _benchmark_impl is None:
-        raise ExecutionError("unavailable", "benchmark runs only inside a KCoral worker")
+        raise ExecutionError(ErrorKind.UNAVAILABLE, "benchmark runs only inside a KCoral worker")
     flush = bool(cfg.get("flush_l2", True))
     opts = {"warmup_ms": float(cfg.get("warmup_ms", 25)), "rep_ms": float(cfg.get("repeat_ms", 100)),
             "flush_l2": flush}
@@ -59,4 +61,4 @@ def benchmark(fn: Any, *rest: Any) -> dict[str, Any]:
 
 
 def compile_tirx(fn: Any, bindings: Any = None) -> Any:
-    raise ExecutionError("unavailable", "compile_tirx needs TVM, which this server does not offer")
+    raise ExecutionError(ErrorKind.UNAVAILABLE, "compile_tirx needs TVM, which this server does not offer")

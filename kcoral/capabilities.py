@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .extensions import OptIn
-from .wire import MAX_TIMEOUT_SECONDS
+from .protocol.limits import MAX_TIMEOUT_SECONDS
 
 # Extension names our server announces in /health (it announces SERVER_EXTENSIONS).
 BUILTINS = "builtins"                    # run targets "builtin.<name>"

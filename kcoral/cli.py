@@ -75,7 +75,7 @@ def add_send_options(parser: argparse.ArgumentParser, default_timeout: float = 6
 
 def make_client(args: argparse.Namespace) -> "Client":
     from kcoral.client import Client
-    from kcoral.remote import ToolInputError
+    from kcoral.errors import ToolInputError
     from kcoral.token import TokenFileError, token_from_args
 
     if not args.remote:
@@ -126,11 +126,14 @@ def exit_status(result: Any) -> int:
 
 def write_local_files(root: str, files: dict[str, bytes]) -> list[str]:
     """Write returned files under ``root`` (paths re-checked here: nothing escapes it)."""
-    from kcoral.archive import ArchiveError, normalize_member_path
+    from kcoral.runners.sandboxed import ArchiveError, PathError, normalize_path
 
     written = []
     for rel, data in sorted(files.items()):
-        norm = normalize_member_path(rel)
+        try:
+            norm = normalize_path(rel, allow_root=True)
+        except PathError as exc:
+            raise ArchiveError(str(exc)) from None
         target = os.path.join(root, *norm.split("/"))
         current = root
         for part in norm.split("/")[:-1]:  # never create or write under a link
@@ -165,10 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from kcoral.archive import ArchiveError
-    from kcoral.errors import RemoteError
+    from kcoral.errors import NcuError, RemoteError, ToolInputError
     from kcoral.iket import IketError
-    from kcoral.ncu import NcuError
-    from kcoral.remote import ToolInputError
 
     try:
         code = args.func(args)

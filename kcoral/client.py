@@ -13,10 +13,13 @@ from . import extensions
 from .abort import tracking_transport
 from .capabilities import UNKNOWN, ServerCapabilities, is_stock_health
 from .compat import adapt_program
-from .errors import Cancelled, OutcomeUnknown, RemoteError, TransportError
+from .errors import Cancelled, OutcomeUnknown, RemoteError, TransportError, WireError
+from .outcome import Outcome
 from .program import Program
+from .protocol.error_kind import ErrorKind
+from .protocol.multipart import RETURN_PART_RE, encode_multipart, parse_header_params, parse_multipart
+from .protocol.strict_json import dumps, loads_strict
 from .values import decode_value
-from .wire import RETURN_PART_RE, Outcome, WireError, dumps, encode_multipart, loads_strict, parse_header_params, parse_multipart
 
 INLINE_BLOB_LIMIT = 64 << 10
 HTTP_MARGIN_SECONDS = 90.0  # queue wait + serialisation on top of the program's own timeout
@@ -32,6 +35,10 @@ _RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.Remot
 
 
 class Client:
+    """A KCoral server's client. Connection failures and 503 are retried under one
+    Idempotency-Key, honouring Retry-After: `retries` attempts per call (1: none, for a
+    caller that owns its retries) within `max_retry_seconds`."""
+
     def __init__(
         self,
         url: str,
@@ -111,9 +118,11 @@ class Client:
         except _Busy as busy:
             raise busy.error from None
         except httpx.TimeoutException as exc:
-            raise RemoteError("timeout", f"no answer from {self.url}: {exc}") from None
+            raise RemoteError(ErrorKind.TIMEOUT, f"no answer from {self.url}: {exc}") from None
         except httpx.TransportError as exc:
             raise TransportError(f"cannot reach {self.url}: {exc}") from None
+        except httpx.HTTPError as exc:  # callers see kcoral's errors only, never httpx's
+            raise TransportError(f"bad exchange with {self.url}: {type(exc).__name__}: {exc}") from None
 
     # ------------------------------------------------------------------ endpoints
     def health(self, *, retry: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
@@ -128,7 +137,10 @@ class Client:
                 raise _Busy(_retry_after(r), _error_from(r))
             if r.status_code != 200:
                 raise _error_from(r)
-            return r.json()
+            try:
+                return r.json()
+            except ValueError as exc:
+                raise TransportError(f"unreadable /health answer: {exc}", r.headers.get("X-Request-ID")) from None
 
         return self._with_retries(once, attempts=None if retry else 1)
 
@@ -192,13 +204,13 @@ class Client:
             digests = missing if sends is None else sends
             unknown = [d for d in digests if d not in program.blobs]
             if unknown:
-                raise RemoteError("parse", f"server asked for blobs this program does not hold: {unknown[:3]}")
+                raise RemoteError(ErrorKind.PARSE, f"server asked for blobs this program does not hold: {unknown[:3]}")
             answer = self._send(program_json, {d: program.blobs[d] for d in digests}, key, http_timeout,
                                 caps.routed)
             if isinstance(answer, Outcome):
                 return answer
             missing = answer
-        raise RemoteError("cache_miss", "server still missed blobs after sending all of them")
+        raise RemoteError(ErrorKind.CACHE_MISS, "server still missed blobs after sending all of them")
 
     # ------------------------------------------------------------------ internals
     def _send(self, program_json: bytes, blobs: dict[str, Any], key: str, timeout: httpx.Timeout,
@@ -260,9 +272,9 @@ def _error_from(r: httpx.Response) -> RemoteError:
         kind = err.get("kind", kind)
         message = err.get("message", message)
         rid = body.get("request_id", rid)
-    except Exception:
+    except (ValueError, AttributeError):  # not JSON, or JSON that is not an error object: keep the HTTP text
         pass
-    if r.status_code == 502 and kind == "server_transport":  # a router lost the node mid-request
+    if r.status_code == 502 and kind == ErrorKind.SERVER_TRANSPORT:  # a router lost the node mid-request
         return OutcomeUnknown(message, rid)
     return RemoteError(kind, message, r.status_code, rid)
 

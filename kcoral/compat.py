@@ -12,20 +12,8 @@ import copy
 from typing import Any
 
 from .capabilities import BUILTINS, CUDA_SOURCE, EXTRA_DTYPES, FOLDER_RETURN_DOT, ServerCapabilities
-from .errors import RemoteError
-
-# The tensor dtypes of the released protocol; the rest are our extension.
-RELEASED_DTYPES = frozenset({
-    "bool", "int8", "int16", "int32", "int64", "uint8",
-    "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
-})
-
-
-class UnsupportedByServer(RemoteError):
-    """The program needs something this server does not offer (nothing was sent)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("unsupported", message)
+from .errors import UnsupportedByServer
+from .protocol.dtypes import RELEASED_DTYPES
 
 
 def adapt_program(program: dict[str, Any], caps: ServerCapabilities) -> dict[str, Any]:

@@ -267,10 +267,11 @@ def analyze_trace(trace: dict[str, Any], cta: int | None = None) -> TraceAnalysi
         return _analyze_trace(trace, cta)
 
 
-def _analyze_trace(trace: dict[str, Any], cta: int | None = None) -> TraceAnalysis:
+def _analyze_trace(trace: object, cta: int | None = None) -> TraceAnalysis:
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise IketError("not a Chrome trace: no 'traceEvents' list")
-    other = trace.get("otherData") if isinstance(trace.get("otherData"), dict) else {}
+    other_data = trace.get("otherData")
+    other: dict[str, Any] = other_data if isinstance(other_data, dict) else {}
     roles: dict[int, str] = {}
     for k, v in (other.get("warp_roles") or {}).items():
         if str(k).isdigit():

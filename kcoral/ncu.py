@@ -12,8 +12,11 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
+
+from .errors import NcuError
 
 # Model field -> ncu metric. The "excessive" column is labelled `byte` by ncu but its value
 # is the sector count that the SourceCounters rule text reports.
@@ -30,10 +33,6 @@ KEY_METRICS: list[str] = list(METRIC_FIELDS.values())
 _INT_FIELDS = {"sectors_excessive", "sectors_total", "sectors_ideal", "registers",
                "shared_bank_conflicts"}
 _NAME_COLUMNS = ("Kernel Name", "Function Name", "Name")
-
-
-class NcuError(ValueError):
-    """Report output that cannot be read; the message says why."""
 
 
 class KernelMetrics(BaseModel):
@@ -80,8 +79,8 @@ def parse_raw_csv(text: str) -> NcuMetrics:
     rows = list(csv.reader(io.StringIO(text)))
     header_at = None
     for i, row in enumerate(rows):
-        cells = [c.strip() for c in row]
-        if "ID" in cells and any(n in cells for n in _NAME_COLUMNS):
+        names = [c.strip() for c in row]
+        if "ID" in names and any(n in names for n in _NAME_COLUMNS):
             header_at = i
             break
     if header_at is None:
@@ -103,7 +102,7 @@ def parse_raw_csv(text: str) -> NcuMetrics:
             raise NcuError(f"ncu CSV row has {len(row)} cells, header has {len(header)}: {row[:3]}")
         cells = dict(zip(header, (c.strip() for c in row)))
         values = {h: parse_number(v) for h, v in cells.items() if _is_metric_column(h)}
-        fields: dict[str, object] = {}
+        fields: dict[str, Any] = {}
         for field_name, metric in METRIC_FIELDS.items():
             v = values.get(metric)
             if v is not None and field_name in _INT_FIELDS:

@@ -4,12 +4,13 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from .values import tensor_payload
-from .wire import DTYPE_ITEMSIZE, normalize_path
+from .protocol.dtypes import DTYPE_ITEMSIZE
+from .protocol.paths import normalize_path
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,9 @@ class Program:
         if isinstance(value, np.bool_):
             return bool(value)
         if isinstance(value, (bytes, bytearray, memoryview)):
-            return self.upload(kind="bytes", value=value).ref()  # type: ignore[union-attr]
+            return self.upload(kind="bytes", value=value).ref()
         if isinstance(value, np.ndarray):
-            return self.upload(kind="tensor", value=value).ref()  # type: ignore[union-attr]
+            return self.upload(kind="tensor", value=value).ref()
         if isinstance(value, (list, tuple)):
             return [self._arg(v) for v in value]
         if isinstance(value, dict):
@@ -74,6 +75,16 @@ class Program:
         raise TypeError(f"cannot pass a {type(value).__name__} as a program argument")
 
     # ------------------------------------------------------------------ instructions
+    @overload
+    def upload(self, kind: Literal["module", "tensor", "bytes", "library"], value: Any = None, *,
+               source: str | None = None, path: str | None = None, language: str = "python",
+               dtype: str | None = None, shape: list[int] | tuple[int, ...] | None = None) -> Register: ...
+
+    @overload
+    def upload(self, kind: str, value: Any = None, *, source: str | None = None, path: str | None = None,
+               language: str = "python", dtype: str | None = None,
+               shape: list[int] | tuple[int, ...] | None = None) -> Register | None: ...
+
     def upload(
         self,
         kind: str,
@@ -99,6 +110,7 @@ class Program:
             self.instructions.append(ins)
             return Register(rid, "upload", "module")
         if kind == "tensor":
+            data: bytes | bytearray | memoryview
             if isinstance(value, np.ndarray):
                 dt, shp, data = tensor_payload(value)
             elif isinstance(value, (bytes, bytearray, memoryview)) and dtype and shape is not None:
@@ -137,7 +149,7 @@ class Program:
     def run(self, fn: Register | str, args: list[Any] | tuple[Any, ...] | None = None) -> Register:
         if isinstance(fn, Register):
             fn_json: Any = fn.ref()
-        elif isinstance(fn, str) and fn.startswith("builtin."):
+        elif fn.startswith("builtin."):
             fn_json = fn
         else:
             raise TypeError("fn must be a Register or 'builtin.<name>'")

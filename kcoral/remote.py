@@ -14,14 +14,17 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .archive import ArchiveError, normalize_member_path, pack_directories
+from .archive import ArchiveError, pack_directories
 from .capabilities import capabilities_of
 from .client import Client
-from .errors import RemoteError
-from .ncu import KEY_METRICS, NcuError, NcuMetrics, parse_raw_csv
+from .errors import NcuError, RemoteError, ToolInputError
+from .ncu import KEY_METRICS, NcuMetrics, parse_raw_csv
+from .outcome import Outcome
 from .program import Program
+from .protocol.error_kind import ErrorKind
+from .protocol.limits import MAX_TIMEOUT_SECONDS
 from .runners import bundle_source
-from .wire import MAX_TIMEOUT_SECONDS, Outcome
+from .runners.sandboxed import PathError, normalize_path
 
 # Set by the server for each worker; a client value would point the app at another GPU.
 # CUDA_DEVICE_ORDER too: it changes which GPU an index in CUDA_VISIBLE_DEVICES names.
@@ -29,10 +32,6 @@ REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
 # Credentials and evolve's settings (its database above all) never reach a remote app:
 # what the app can read, the candidate it imports can read.
 PRIVATE_ENV_PREFIXES = ("KCORAL_TOKEN", "KCORAL_SERVER_TOKEN", "EVOLVE_")
-
-
-class ToolInputError(ValueError):
-    """Arguments refused before anything is sent (bad send, env, timeout, ...)."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,8 @@ class SendSpec:
             raise ToolInputError("remote_subdir must be a string")
         if self.remote_subdir:
             try:
-                norm = normalize_member_path(self.remote_subdir)
-            except ArchiveError as exc:
+                norm = normalize_path(self.remote_subdir, allow_root=True)
+            except PathError as exc:
                 raise ToolInputError(f"bad remote directory {self.remote_subdir!r}: {exc}") from None
             object.__setattr__(self, "remote_subdir", norm)
 
@@ -127,7 +126,7 @@ def require_gpu(client: Any, tool: str) -> None:
     for itself: its CPU workers may still have the tool)."""
     info = capabilities_of(client)
     if info is not None and info.stock_cpu:
-        raise RemoteError("unavailable", f"{tool} needs a GPU, and this server ({info.describe()}) "
+        raise RemoteError(ErrorKind.UNAVAILABLE, f"{tool} needs a GPU, and this server ({info.describe()}) "
                           "has none (gpu_count=0)")
 
 
@@ -194,7 +193,7 @@ def _execute(client: Client, entry: str, sends: Sequence[SendSpec], spec: dict[s
     outcome.raise_for_failure()
     result = outcome.results.get("result")
     if not isinstance(result, dict):
-        raise RemoteError("serialization", f"the runner returned {type(result).__name__}, "
+        raise RemoteError(ErrorKind.SERIALIZATION, f"the runner returned {type(result).__name__}, "
                           "not its result object", None, outcome.request_id)
     return result, outcome
 
@@ -203,7 +202,7 @@ def _model(cls: type[ToolRun], result: dict[str, Any], outcome: Outcome) -> Any:
     try:
         return cls.model_validate({**result, "outcome": outcome})
     except ValidationError as exc:
-        raise RemoteError("serialization", f"unexpected runner result: {exc}", None,
+        raise RemoteError(ErrorKind.SERIALIZATION, f"unexpected runner result: {exc}", None,
                           outcome.request_id) from None
 
 
@@ -214,8 +213,8 @@ def run_python(client: Client, sends: Sequence[SendSpec], script: str,
     ``outputs`` are paths (files or directories) relative to that directory."""
     for o in outputs:
         try:
-            normalize_member_path(o)
-        except ArchiveError as exc:
+            normalize_path(o, allow_root=True)
+        except PathError as exc:
             raise ToolInputError(f"-o {o!r}: {exc}") from None
     spec = {"script": script, "args": list(args), "env": dict(env or {}),
             "outputs": list(outputs)}

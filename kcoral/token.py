@@ -9,11 +9,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .errors import KcoralError
+
 REFUSED_MESSAGE = ("--token is not accepted: a token on the command line is visible to every local user; "
                    "set $KCORAL_TOKEN or give --token-file F")
 
 
-class TokenFileError(ValueError):
+class TokenFileError(KcoralError, ValueError):
     """The token file cannot be read or is empty."""
 
 

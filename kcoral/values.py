@@ -9,15 +9,13 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from .wire import DTYPE_ITEMSIZE, WireError
-
-
-class SerializationError(ValueError):
-    """A value that the protocol cannot carry (FAILED kind `serialization`)."""
+from .errors import SerializationError, WireError
+from .protocol.dtypes import DTYPE_ITEMSIZE
 
 
 @dataclass
@@ -55,7 +53,7 @@ def tensor_payload(array: np.ndarray, dtypes: frozenset[str] = ALL_DTYPES) -> tu
     shape = list(array.shape)  # np.ascontiguousarray would turn a 0-d array into shape [1]
     if not array.flags.c_contiguous:
         array = array.copy(order="C")
-    return name, shape, memoryview(array.reshape(-1).view(np.uint8))
+    return name, shape, array.reshape(-1).view(np.uint8).data
 
 
 class PartSink:
@@ -142,9 +140,9 @@ def encode_value(value: Any, sink: PartSink, _depth: int = 0,
     raise SerializationError(f"cannot return a value of type {type(value).__module__}.{type(value).__qualname__}")
 
 
-def _part(node: dict[str, Any], parts: dict[str, bytes | memoryview], verify: bool) -> bytes | memoryview:
+def _part(node: dict[str, Any], parts: Mapping[str, bytes | memoryview], verify: bool) -> bytes | memoryview:
     name = node.get("part")
-    if name not in parts:
+    if not isinstance(name, str) or name not in parts:
         raise WireError(f"result references missing part {name!r}")
     data = parts[name]
     if verify and hashlib.sha256(data).hexdigest() != node.get("sha256"):
@@ -152,7 +150,7 @@ def _part(node: dict[str, Any], parts: dict[str, bytes | memoryview], verify: bo
     return data
 
 
-def decode_value(node: Any, parts: dict[str, bytes | memoryview], verify: bool = True) -> Any:
+def decode_value(node: Any, parts: Mapping[str, bytes | memoryview], verify: bool = True) -> Any:
     """Decode a typed node back into Python, verifying part digests."""
     if not isinstance(node, dict) or "type" not in node:
         raise WireError(f"malformed value node {node!r:.80}")

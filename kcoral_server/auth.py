@@ -22,10 +22,6 @@ class BearerAuth:
     def __init__(self, token: str | None) -> None:
         self._token = token.encode() if token else None
 
-    @property
-    def enabled(self) -> bool:
-        return self._token is not None
-
     def allows(self, authorization: str | None) -> bool:
         if self._token is None:
             return True

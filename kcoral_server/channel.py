@@ -9,14 +9,18 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # workers (which only use SyncChannel) need not load asyncio
+    import asyncio
 
 _LEN = struct.Struct(">I")
 MAX_HEADER = 256 << 20
 FDS_PER_MESSAGE = 200  # blob descriptors per SCM_RIGHTS message (the kernel takes at most 253)
 
 
-def encode(msg: dict[str, Any], attachments: list[bytes | memoryview] = ()) -> list[bytes | memoryview]:
+def encode(msg: dict[str, Any], attachments: Sequence[bytes | memoryview] = ()) -> list[bytes | memoryview]:
     header = dict(msg)
     header["bin"] = [len(a) for a in attachments]
     raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
@@ -29,8 +33,8 @@ class SyncChannel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
 
-    def send(self, msg: dict[str, Any], attachments: list[bytes | memoryview] = ()) -> None:
-        frames = encode(msg, list(attachments))
+    def send(self, msg: dict[str, Any], attachments: Sequence[bytes | memoryview] = ()) -> None:
+        frames = encode(msg, attachments)
         if len(frames) == 1:
             self.sock.sendall(frames[0])
         else:
@@ -74,8 +78,8 @@ class AsyncChannel:
         reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
         return cls(reader, writer)
 
-    async def send(self, msg: dict[str, Any], attachments: list[bytes | memoryview] = ()) -> None:
-        for f in encode(msg, list(attachments)):
+    async def send(self, msg: dict[str, Any], attachments: Sequence[bytes | memoryview] = ()) -> None:
+        for f in encode(msg, attachments):
             self.writer.write(f)
         await self.writer.drain()
 
@@ -98,5 +102,5 @@ class AsyncChannel:
     def close(self) -> None:
         try:
             self.writer.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - closing a transport the peer already broke must not raise
             pass

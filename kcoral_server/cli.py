@@ -36,8 +36,9 @@ def _shown(field: str) -> str:
 
 
 def _setting(p: argparse.ArgumentParser | Any, flag: str, field: str, kind: type, text: str, note: str = "") -> None:
-    """A flag for a ServerConfig field: its default from there, shown in its help."""
-    p.add_argument(flag, type=kind, default=_default(field), help=f"{text} (default {_shown(field)}{note})")
+    """A flag for a ServerConfig field: its default from there, shown in its help, its value
+    stored under the field's name (config_from_args passes it on by that name)."""
+    p.add_argument(flag, dest=field, type=kind, default=_default(field), help=f"{text} (default {_shown(field)}{note})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,20 +143,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
         except ValueError:
             raise SystemExit("kcoral-server: --gpus takes comma-separated integers") from None
-    return ServerConfig(
-        host=args.host, port=args.port, gpus=gpus, cpu_workers=args.cpu_workers,
-        virtual_gpus=args.virtual_gpus, workers_per_gpu=args.workers_per_gpu, token=token,
-        state_dir=args.state_dir, holdout_salt_file=args.holdout_salt_file,
-        max_request_bytes=args.max_request_bytes, max_response_bytes=args.max_response_bytes,
-        max_queue=args.max_queue, queue_timeout_seconds=args.queue_timeout,
-        blob_cache_bytes=args.blob_cache_bytes, blob_dir=args.blob_dir, work_dir=args.work_dir,
-        journal_retention_seconds=args.journal_retention,
-        journal_max_bytes=args.journal_max_bytes,
-        token_file=args.token_file, sandbox=args.sandbox, sandbox_uid=args.sandbox_uid,
-        max_memory_bytes=args.max_memory_bytes, max_processes=args.max_processes,
-        max_file_bytes=args.max_file_bytes, workspace_bytes=args.workspace_bytes, pin_cpus=args.pin_cpus,
-        node_id=args.node_id if args.router else None, node_token_file=args.node_token_file,
-    )
+    # Every flag named for a ServerConfig field is passed on as it is; the rest are read above.
+    given = {name: value for name, value in vars(args).items() if name in ServerConfig.model_fields}
+    return ServerConfig(**{**given, "gpus": gpus, "token": token,
+                           "node_id": args.node_id if args.router else None})
 
 
 class DrainingServer(uvicorn.Server):
@@ -164,7 +155,8 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
         super().__init__(config)
         self.engine = engine
-        self._drain_task: asyncio.Task[Any] | None = None
+        self._drain_requested = False
+        self._drain_task: asyncio.Task[None] | None = None  # held: the loop keeps tasks only weakly
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -174,15 +166,18 @@ class DrainingServer(uvicorn.Server):
                 log_event("listening", url=f"http://{host}:{port}", port=port, instance_id=self.engine.instance_id)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if sig == signal.SIGTERM and self._drain_task is None and not self.should_exit:
+        if sig == signal.SIGTERM and not self._drain_requested and not self.should_exit:
             loop = asyncio.get_event_loop()
-            self._drain_task = True  # type: ignore[assignment] - marks the drain as requested
-            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit()))
+            self._drain_requested = True
+            loop.call_soon_threadsafe(self._start_drain, loop)
             return
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         else:
             self.should_exit = True
+
+    def _start_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._drain_task = loop.create_task(self._drain_then_exit())
 
     async def _drain_then_exit(self) -> None:
         node = getattr(getattr(self.config.app, "state", None), "router_node", None)

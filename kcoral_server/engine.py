@@ -11,15 +11,19 @@ import datetime
 import hashlib
 import os
 import shutil
-import stat
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from kcoral.capabilities import ROUTED_EXTENSIONS_KEY, SERVER_EXTENSIONS
 from kcoral.extensions import OptIn, header_value
-from kcoral.wire import ProgramSpec, UploadTensor, WireError, dumps, encode_multipart
+from kcoral.runners.sandboxed import open_read
+from kcoral.errors import WireError
+from kcoral.protocol.error_kind import ErrorKind
+from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.program import ProgramSpec, UploadTensor
+from kcoral.protocol.strict_json import dumps
 
 from .blobs import BlobStore, default_blob_dir, memory_dir
 from .cancel import Cancelled, Disconnect, unless_abandoned
@@ -28,10 +32,11 @@ from .gpuinfo import detect_gpus, target_arch, versions
 from .holdout import SALT_FILE_NAME, HoldoutSalt
 from .joinconfig import NodeStatus
 from .journal import Journal, StoredResponse
-from .multipart import ParsedRequest, check_tensor_size, parse_execute_body
+from .execute_body import ParsedRequest, check_tensor_size, parse_execute_body
 from . import cpusets, privs
 from .pool import WorkerHandle, WorkerPool, WorkerRun, WorkerSpec
-from .reqlog import log_event, log_request
+from .reply import Reply, error_reply
+from .reqlog import RequestLog, log_event, log_request
 from .sandbox import SandboxLimits, SandboxMode, SandboxPolicy
 from .scheduler import LeaseScheduler
 from .tempdirs import make_owned_dir, sweep_stale
@@ -43,29 +48,6 @@ RUN_DIR_PREFIX = "kcoral-server-"
 # of an evolve run from the same shell (its database above all).
 _SECRET_ENV = ("KCORAL_SERVER_TOKEN", "KCORAL_TOKEN", "KCORAL_NODE_TOKEN")
 _SECRET_ENV_PREFIXES = ("EVOLVE_",)
-
-
-@dataclass
-class Reply:
-    status_code: int
-    body: bytes
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class RequestLog:
-    """Fields of the one log line a request produces."""
-
-    request_id: str
-    client: str
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-def error_reply(code: int, kind: str, message: str, request_id: str, retry_after: int | None = None, **extra: Any) -> Reply:
-    body = {"status": "ERROR", "request_id": request_id, "error": {"kind": kind, "message": message}, **extra}
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-    return Reply(code, dumps(body), headers=headers)
 
 
 # How long a program whose client disconnected keeps running in case a retry with its
@@ -88,7 +70,7 @@ class Engine:
             pass
         self.instance_id = str(uuid.uuid4())
         self.started_wall = time.time()
-        self.started_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        self.started_at = datetime.datetime.now(datetime.UTC).isoformat()
         if config.state_dir:
             os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
         # Request folders on tmpfs when it is roomy: creating them is on every request's path.
@@ -117,7 +99,7 @@ class Engine:
     def _plan(self) -> tuple[list[WorkerSpec], list[int], str]:
         specs, gpus, backend = self._workers()
         shares = cpusets.partition(cpusets.available(), len(specs)) if self.config.pin_cpus else [()] * len(specs)
-        return [dataclasses.replace(s, slot=i, cpus=cpus) for i, (s, cpus) in enumerate(zip(specs, shares))], gpus, backend
+        return [dataclasses.replace(s, slot=i, cpus=cpus) for i, (s, cpus) in enumerate(zip(specs, shares, strict=True))], gpus, backend
 
     def _workers(self) -> tuple[list[WorkerSpec], list[int], str]:
         c = self.config
@@ -258,7 +240,7 @@ class Engine:
         log_event("draining", active_requests=self.active)
         try:
             await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log_event("drain_timeout", active_requests=self.active)
 
     # ------------------------------------------------------------------ execute
@@ -267,7 +249,7 @@ class Engine:
         """Run one program; `gone` is set when the client disconnects, which cancels it."""
         rid = log.request_id
         if self.draining:
-            return error_reply(503, "busy", "server is draining", rid, retry_after=5)
+            return error_reply(503, ErrorKind.BUSY, "server is draining", rid, retry_after=5)
         self._enter()
         try:
             return await self._execute(body, content_type, idem_key, log, opt_ins, gone)
@@ -296,8 +278,15 @@ class Engine:
                        log: RequestLog, opt_ins: frozenset[OptIn],
                        gone: Disconnect | None = None) -> "Reply | _Admitted":
         """Parse, cache blobs, answer replays and CACHE_MISS; else pin blobs and claim the key."""
-        rid = log.request_id
-        t_start = time.monotonic()
+        parsed = await self._parse(body, content_type, key, opt_ins, log.request_id)
+        if isinstance(parsed, Reply):
+            return parsed
+        await self._store_blobs(parsed)
+        return await self._admit(parsed, key, log, opt_ins, gone)
+
+    async def _parse(self, body: bytes, content_type: str | None, key: str | None,
+                     opt_ins: frozenset[OptIn], rid: str) -> "ParsedRequest | Reply":
+        """The request as a checked program, or its 400 `parse` answer."""
         try:
             nested = OptIn.NESTED_REFS in opt_ins
             if len(body) > 1 << 20:
@@ -305,15 +294,20 @@ class Engine:
             else:
                 parsed = parse_execute_body(body, content_type, nested)
         except WireError as exc:
-            return error_reply(400, "parse", str(exc), rid)
+            return error_reply(400, ErrorKind.PARSE, str(exc), rid)
         gpu_count = parsed.program.options.gpu_count
         if gpu_count is not None and gpu_count > min(1, len(self.gpu_ids)):
             # Each worker leases one GPU; the released server refuses a CPU server's the same way.
-            return error_reply(400, "parse", f"gpu_count {gpu_count} exceeds this server's capacity "
+            return error_reply(400, ErrorKind.PARSE, f"gpu_count {gpu_count} exceeds this server's capacity "
                                f"of {min(1, len(self.gpu_ids))} GPU per program", rid)
         if key is not None and (len(key) > 256 or not key.isprintable()):
-            return error_reply(400, "parse", "Idempotency-Key must be at most 256 printable characters", rid)
-        await self._store_blobs(parsed)
+            return error_reply(400, ErrorKind.PARSE, "Idempotency-Key must be at most 256 printable characters", rid)
+        return parsed
+
+    async def _admit(self, parsed: ParsedRequest, key: str | None, log: RequestLog,
+                     opt_ins: frozenset[OptIn], gone: Disconnect | None) -> "Reply | _Admitted":
+        """Answer a replay of the key or CACHE_MISS; else pin the blobs and claim the key."""
+        rid = log.request_id
         referenced = parsed.program.blob_digests()
         binding = _key_binding(parsed.program_hash, opt_ins)
         while True:
@@ -323,7 +317,7 @@ class Engine:
                 if entry is not None:
                     if entry.program_hash != binding:
                         self.blobs.trim()
-                        return error_reply(400, "parse", "Idempotency-Key was already used for a different program", rid)
+                        return error_reply(400, ErrorKind.PARSE, "Idempotency-Key was already used for a different program", rid)
                     entry.wanted.set()  # the first attempt finishes for us even if its client leaves
                     await unless_abandoned(entry.done.wait(), gone)
                     if entry.response is not None:
@@ -342,11 +336,11 @@ class Engine:
                 self._check_cached_tensors(parsed)
             except WireError as exc:
                 self.blobs.trim()
-                return error_reply(400, "parse", str(exc), rid)
+                return error_reply(400, ErrorKind.PARSE, str(exc), rid)
             self.blobs.pin(referenced)
             if key is not None:
                 self.journal.begin(key, binding)
-            return _Admitted(parsed.program, referenced, key, t_start, opt_ins)
+            return _Admitted(parsed.program, referenced, key, opt_ins)
 
     async def _run_admitted(self, adm: "_Admitted", log: RequestLog, keep_busy: bool = False,
                             gone: Disconnect | None = None) -> Reply:
@@ -380,7 +374,7 @@ class Engine:
         """POST /jobs: admit like /execute, answer 202 with a job id at once, run in the background."""
         rid = log.request_id
         if self.draining:
-            return error_reply(503, "busy", "server is draining", rid, retry_after=5)
+            return error_reply(503, ErrorKind.BUSY, "server is draining", rid, retry_after=5)
         job_id = uuid.uuid4().hex
         self._enter()
         try:
@@ -408,7 +402,7 @@ class Engine:
             code = 500
             self.journal.begin(f"job:{job_id}", "")  # the failed run dropped the key
             await self.journal.finish(f"job:{job_id}", StoredResponse(500, {"Content-Type": "application/json"},
-                                      error_reply(500, "engine", f"{type(exc).__name__}: {exc}", log.request_id).body))
+                                      error_reply(500, ErrorKind.ENGINE, f"{type(exc).__name__}: {exc}", log.request_id).body))
         finally:
             self._leave()
         fields = dict(log.fields)
@@ -420,7 +414,7 @@ class Engine:
         """GET /jobs/{id}: 202 while it runs, then the stored answer (as /execute gives it)."""
         entry = self.journal.get(f"job:{job_id}")
         if entry is None:
-            return error_reply(404, "not_found", f"no job {job_id!r} (unknown or expired)", "-")
+            return error_reply(404, ErrorKind.NOT_FOUND, f"no job {job_id!r} (unknown or expired)", "-")
         if entry.response is None:
             return Reply(202, dumps({"status": "RUNNING", "job_id": job_id}))
         return _replayed(entry.response)
@@ -462,7 +456,7 @@ class Engine:
                 return False
             try:
                 await asyncio.wait_for(entry.wanted.wait(), RETRY_GRACE_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
             return True
 
@@ -474,13 +468,13 @@ class Engine:
         rid = log.request_id
         workers = max(1, len(self.specs))
         if self.pool.queue_length >= self.config.max_queue and not self.pool.has_idle:
-            return error_reply(503, "busy", f"queue is full ({self.pool.queue_length} waiting)", rid,
+            return error_reply(503, ErrorKind.BUSY, f"queue is full ({self.pool.queue_length} waiting)", rid,
                                retry_after=max(1, self.pool.queue_length // workers))
         t_queue = time.monotonic()
         try:
             worker = await self.pool.checkout(self.config.queue_timeout_seconds)
-        except asyncio.TimeoutError:
-            return error_reply(503, "busy", "no worker became free in time", rid,
+        except TimeoutError:
+            return error_reply(503, ErrorKind.BUSY, "no worker became free in time", rid,
                                retry_after=max(1, self.pool.queue_length // workers + 1))
         t_dispatch = time.monotonic()
         queue_ms = (t_dispatch - t_queue) * 1e3
@@ -512,64 +506,37 @@ class Engine:
 
     async def _answer(self, adm: "_Admitted", log: RequestLog, ran: "_Ran") -> Reply:
         """The response for a program that ran (or timed out, or crashed)."""
-        program, referenced, rid = adm.program, adm.referenced, log.request_id
-        worker, run, queue_ms, t_dispatch = ran.worker, ran.run, ran.queue_ms, ran.t_dispatch
-        limit = program.options.output_limit_bytes
+        program, run, rid = adm.program, ran.run, log.request_id
         for digest in run.bad_blobs:
-            if digest in referenced:
+            if digest in adm.referenced:
                 self.blobs.discard(digest)
-        out, out_trunc = await _read_output(worker.stdout_path, limit)
-        err, err_trunc = await _read_output(worker.stderr_path, limit)
-        asyncio.get_running_loop().run_in_executor(None, worker.remove_files)
-        timings = {
-            "queue_ms": round(queue_ms, 3),
-            "elapsed_ms": 0.0,
-            "lease_wait_ms": round(run.lease_wait_ms, 3),
-            "lease_held_ms": round(run.lease_held_ms, 3),
-        }
+        output = await _Output.read(ran.worker, program.options.output_limit_bytes)
+        asyncio.get_running_loop().run_in_executor(None, ran.worker.remove_files)
+        timings = ran.timings()
         log.fields.update(lease_wait_ms=timings["lease_wait_ms"], lease_held_ms=timings["lease_held_ms"])
-        common = {"instance_id": self.instance_id, "worker_id": worker.worker_id, "gpu": worker.gpu_id}
-        if self.config.node_id:  # behind a router: which node ran it
-            common["node_id"] = self.config.node_id
-        ins_info = _instruction_info(program, run.index)
+        common = self._ran_by(ran.worker)
         if run.timed_out:
             log.fields["status"] = "TIMEOUT"
-            timings["elapsed_ms"] = round((time.monotonic() - t_dispatch) * 1e3, 3)
-            return error_reply(
-                504, "timeout", f"program exceeded its timeout of {program.options.timeout_seconds:g} s"
-                + (f" in instruction {run.index} ({ins_info[0]})" if run.index is not None else ""),
-                rid, **common, **timings, instruction_index=run.index, stdout=out, stderr=err,
-                stdout_truncated=out_trunc, stderr_truncated=err_trunc,
-            )
+            timings["elapsed_ms"] = ran.elapsed_ms()
+            return _timeout_reply(program, run, rid, {**common, **timings}, output)
         if run.too_large:
             log.fields["status"] = "TOO_LARGE"
-            return error_reply(500, "response_too_large", f"results exceed {self.config.max_response_bytes} bytes", rid, **common)
-        error = run.error
-        status = run.status
-        if run.crashed is not None:
-            status = "FAILED"
-            error = {"kind": "runtime", "message": run.crashed, "instruction_index": run.index,
-                     "instruction_op": ins_info[0], "instruction_id": ins_info[1], "traceback": ""}
-        result: dict[str, Any] = {"status": status, "request_id": rid, **common, **timings,
-                                  "results": {k: node for k, node in run.returns},
-                                  "stdout": out, "stderr": err, "stdout_truncated": out_trunc, "stderr_truncated": err_trunc}
-        if program.options.gpu_count is not None:
-            result["gpu_ids"], result["gpu_count"] = [worker.gpu_id], 1  # released: reported together
-        if status == "FAILED":
-            result["error"] = error or {"kind": "engine", "message": "worker reported failure without details"}
+            return error_reply(500, ErrorKind.RESPONSE_TOO_LARGE, f"results exceed {self.config.max_response_bytes} bytes", rid, **common)
+        status, error = _outcome(program, run)
+        result = _result_body(program, ran, status, error, rid, {**common, **timings}, output)
         log.fields["status"] = status
         if error:
             log.fields["error_kind"] = error.get("kind")
-        result["elapsed_ms"] = round((time.monotonic() - t_dispatch) * 1e3, 3)
+        result["elapsed_ms"] = ran.elapsed_ms()
         log.fields["elapsed_ms"] = result["elapsed_ms"]
-        headers = {"X-Request-ID": rid, "X-Instance-ID": self.instance_id}
-        if not run.parts:
-            return Reply(200, dumps(result), headers=headers)
-        ctype, chunks = encode_multipart(
-            [("result", "application/json", dumps(result))]
-            + [(f"return:{i}", "application/octet-stream", data) for i, data in enumerate(run.parts)]
-        )
-        return Reply(200, b"".join(chunks), ctype, headers)
+        return _result_reply(result, run.parts, {"X-Request-ID": rid, "X-Instance-ID": self.instance_id})
+
+    def _ran_by(self, worker: WorkerHandle) -> dict[str, Any]:
+        """Where the program ran, as every answer about it says."""
+        where: dict[str, Any] = {"instance_id": self.instance_id, "worker_id": worker.worker_id, "gpu": worker.gpu_id}
+        if self.config.node_id:  # behind a router: which node ran it
+            where["node_id"] = self.config.node_id
+        return where
 
 
 @dataclass
@@ -581,12 +548,76 @@ class _Ran:
     queue_ms: float
     t_dispatch: float
 
+    def timings(self) -> dict[str, float]:
+        """The answer's timings; `elapsed_ms` holds its place there and is measured last."""
+        return {"queue_ms": round(self.queue_ms, 3), "elapsed_ms": 0.0,
+                "lease_wait_ms": round(self.run.lease_wait_ms, 3), "lease_held_ms": round(self.run.lease_held_ms, 3)}
+
+    def elapsed_ms(self) -> float:
+        return round((time.monotonic() - self.t_dispatch) * 1e3, 3)
+
+
+@dataclass
+class _Output:
+    """What the program printed, as its answer carries it."""
+
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+
+    @classmethod
+    async def read(cls, worker: WorkerHandle, limit: int) -> "_Output":
+        out, out_truncated = await _read_output(worker.stdout_path, limit)
+        err, err_truncated = await _read_output(worker.stderr_path, limit)
+        return cls(out, err, out_truncated, err_truncated)
+
+    def fields(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _timeout_reply(program: ProgramSpec, run: WorkerRun, rid: str, fields: dict[str, Any], output: _Output) -> Reply:
+    where = f" in instruction {run.index} ({_instruction_info(program, run.index)[0]})" if run.index is not None else ""
+    return error_reply(504, ErrorKind.TIMEOUT, f"program exceeded its timeout of {program.options.timeout_seconds:g} s{where}",
+                       rid, **fields, instruction_index=run.index, **output.fields())
+
+
+def _outcome(program: ProgramSpec, run: WorkerRun) -> tuple[str, dict[str, Any] | None]:
+    """The program's status and error; a crashed worker is a FAILED `runtime` error at the
+    instruction it was running."""
+    if run.crashed is None:
+        return run.status, run.error
+    op, ins_id = _instruction_info(program, run.index)
+    return "FAILED", {"kind": ErrorKind.RUNTIME, "message": run.crashed, "instruction_index": run.index,
+                      "instruction_op": op, "instruction_id": ins_id, "traceback": ""}
+
+
+def _result_body(program: ProgramSpec, ran: _Ran, status: str, error: dict[str, Any] | None, rid: str,
+                 fields: dict[str, Any], output: _Output) -> dict[str, Any]:
+    result: dict[str, Any] = {"status": status, "request_id": rid, **fields,
+                              "results": {k: node for k, node in ran.run.returns}, **output.fields()}
+    if program.options.gpu_count is not None:
+        result["gpu_ids"], result["gpu_count"] = [ran.worker.gpu_id], 1  # released: reported together
+    if status == "FAILED":
+        result["error"] = error or {"kind": ErrorKind.ENGINE, "message": "worker reported failure without details"}
+    return result
+
+
+def _result_reply(result: dict[str, Any], parts: list[bytes], headers: dict[str, str]) -> Reply:
+    """The result as JSON, or as multipart with its binary returns."""
+    if not parts:
+        return Reply(200, dumps(result), headers=headers)
+    multipart: list[tuple[str, str, bytes | memoryview]] = [("result", "application/json", dumps(result))]
+    multipart += [(f"return:{i}", "application/octet-stream", data) for i, data in enumerate(parts)]
+    ctype, chunks = encode_multipart(multipart)
+    return Reply(200, b"".join(chunks), ctype, headers)
+
 
 def _cancelled(log: RequestLog) -> Reply:
     """What a cancelled request answers: nobody reads it (the client is gone); it gives the
     log line its status. 499 is the usual code for "client closed the request"."""
     log.fields["status"] = "CANCELLED"
-    return error_reply(499, "cancelled", "the client disconnected before the answer; the program was stopped",
+    return error_reply(499, ErrorKind.CANCELLED, "the client disconnected before the answer; the program was stopped",
                        log.request_id)
 
 
@@ -597,7 +628,6 @@ class _Admitted:
     program: ProgramSpec
     referenced: list[str]
     key: str | None
-    t_start: float
     opt_ins: frozenset[OptIn]
 
 
@@ -638,14 +668,10 @@ def _read_capped(path: str, limit: int) -> tuple[str, bool]:
     # The program can replace these files (they sit next to its working directory): a
     # link is not followed and a FIFO or device is not opened for blocking reads.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_read(path)
     except OSError:
         return "", False
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        return "", False
     with open(fd, "rb") as f:
-        size = st.st_size
+        size = os.fstat(fd).st_size
         data = f.read(limit)
     return data.decode("utf-8", "replace"), size > limit

@@ -7,7 +7,6 @@ instruction index and every earlier result.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import traceback
@@ -19,13 +18,18 @@ import numpy as np
 
 from kcoral import builtins as program_helpers
 from kcoral.extensions import OptIn
-from kcoral.values import ALL_DTYPES, PartSink, SerializationError, encode_value, numpy_dtype
-from kcoral.wire import RELEASED_DTYPES, TRACEBACK_LIMIT, normalize_path
+from kcoral.runners.sandboxed import kill_orphans
+from kcoral.errors import SerializationError
+from kcoral.protocol.dtypes import RELEASED_DTYPES
+from kcoral.protocol.error_kind import FAILED_KINDS, ErrorKind
+from kcoral.protocol.limits import TRACEBACK_LIMIT
+from kcoral.protocol.paths import normalize_path
+from kcoral.values import ALL_DTYPES, PartSink, encode_value, numpy_dtype
 
 from . import builtins as builtin_registry
 from .builtins import CudaSource
 from .channel import FDS_PER_MESSAGE, SyncChannel
-from .failures import ErrorKind, ParseFailure, ProgramFailure, SerializationFailure, Unavailable
+from .failures import ParseFailure, ProgramFailure, SerializationFailure, Unavailable
 from .workspace import BlobCorrupted, BlobRef, WorkspaceError, read_blob, read_file, read_folder, write_file_from
 
 
@@ -56,42 +60,6 @@ def _silence_output() -> None:
     os.close(null)
 
 
-def _children() -> list[int]:
-    """This worker's child processes (orphans included: the worker is a subreaper)."""
-    pids: list[int] = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return pids
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/children") as f:
-                pids.extend(int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
-def _kill_children(rounds: int = 100) -> None:
-    """Kill and reap every process a finished program left behind, so none keeps running
-    (or holding the GPU) while the worker serves the next program. A killed process's own
-    children are re-parented to the worker, hence the rounds."""
-    for _ in range(rounds):
-        pids = _children()
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-
-
 def _is_cuda_error(exc: BaseException) -> bool:
     name = type(exc).__name__
     return name in ("CUDARuntimeError", "CUDADriverError", "CUDAError", "CuDNNError", "AcceleratorError") \
@@ -104,10 +72,8 @@ def _error_kind(exc: BaseException) -> ErrorKind:
     if isinstance(exc, ProgramFailure):
         return exc.kind
     if isinstance(exc, program_helpers.ExecutionError):
-        try:
-            return ErrorKind(exc.kind)
-        except ValueError:
-            return ErrorKind.RUNTIME
+        kind = ErrorKind.of(exc.kind)
+        return kind if isinstance(kind, ErrorKind) and kind in FAILED_KINDS else ErrorKind.RUNTIME
     if isinstance(exc, SerializationError):
         return ErrorKind.SERIALIZATION
     if isinstance(exc, WorkspaceError):
@@ -212,7 +178,9 @@ class Executor:
             except Exception:  # noqa: BLE001 - a program may have replaced or closed them
                 pass
             self._release()
-            _kill_children()
+            # Nothing the program started may keep running (or hold the GPU) once it is
+            # done: killed and reaped, however long the reaping takes.
+            kill_orphans(reap_s=None)
         self.chan.send({"t": "done", "status": status, "error": error, "recycle": self.recycle,
                         "bad_blobs": self.bad_blobs})
 
@@ -225,7 +193,7 @@ class Executor:
             self.chan.send({"t": "step", "i": index})
             try:
                 self._instruction(ins, registers, blobs, job["workspace"], sink)
-            except BaseException as exc:  # noqa: BLE001 - any failure of program code ends the program
+            except BaseException as exc:  # any failure of program code ends the program
                 if isinstance(exc, (KeyboardInterrupt,)):
                     raise
                 kind = _error_kind(exc)
@@ -281,7 +249,7 @@ class Executor:
             sys.modules[name] = module  # so dataclasses/pickle inside it can find it
             try:
                 exec(code, module.__dict__)
-            except Exception as exc:  # noqa: BLE001 - a failing module body is `parse`, as released
+            except Exception as exc:  # a failing module body is `parse`, as released
                 raise ParseFailure(f"{type(exc).__name__}: {exc}") from exc
             regs[ins["id"]] = module
         elif kind == "tensor":

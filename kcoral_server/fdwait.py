@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 
 
 async def readable(fd: int, timeout: float | None) -> None:
     """Until `fd` is readable (or at end of file), or `timeout` seconds (TimeoutError)."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, ready)
     try:
         await asyncio.wait_for(fut, timeout)
     finally:
         loop.remove_reader(fd)
 
 
-async def lines(fd: int):
+async def lines(fd: int) -> AsyncIterator[bytes]:
     """The lines a non-blocking pipe carries, until its end of file; the caller closes it."""
     buf = b""
     while True:

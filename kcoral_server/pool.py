@@ -14,6 +14,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -177,7 +178,7 @@ class WorkerHandle:
     async def _exit_reason(self, timeout: float) -> int | str | None:
         try:
             return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     def end(self) -> None:
@@ -235,81 +236,20 @@ class WorkerHandle:
         leases: LeaseScheduler | None,
         seeds: SeedsFn,
         max_part_bytes: int,
-        blob_fds: list[int] = (),
+        blob_fds: Sequence[int] = (),
     ) -> WorkerRun:
         assert self.chan is not None
         res = WorkerRun()
-        held_since: list[float] = []  # [t] while this program holds the lease
-        chan = self.chan
-        gpu = self.spec.gpu_id
-
-        def release() -> None:
-            if held_since:
-                res.lease_held_ms += (time.monotonic() - held_since.pop()) * 1e3
-                assert leases is not None and gpu is not None
-                leases.release(gpu)
+        talk = _Conversation(self.chan, res, self.spec.gpu_id, leases, seeds, max_part_bytes)
 
         async def converse() -> None:
             self.send_blob_fds(list(blob_fds))
-            await chan.send(job)
-            while True:
-                try:
-                    msg, bins = await chan.recv(max_part_bytes - res.part_bytes)
-                except FrameTooLarge:  # refused from the header: nothing is buffered
-                    res.too_large = True
-                    raise _TooLarge() from None
-                t = msg.get("t")
-                if t == "step":
-                    res.index = int(msg["i"])
-                elif t == "return":
-                    res.returns.append((str(msg["key"]), msg["node"]))
-                    res.part_bytes += sum(len(b) for b in bins)
-                    if res.part_bytes > max_part_bytes:
-                        res.too_large = True
-                        raise _TooLarge()
-                    res.parts.extend(bins)
-                elif t == "lease":
-                    if leases is None or gpu is None:
-                        await chan.send({"t": "lease_ok"})  # CPU worker: nothing to lease
-                        continue
-                    if not held_since:
-                        t0 = time.monotonic()
-                        await leases.acquire(gpu)
-                        now = time.monotonic()
-                        res.lease_wait_ms += (now - t0) * 1e3
-                        held_since.append(now)
-                    await chan.send({"t": "lease_ok"})
-                elif t == "release":
-                    release()
-                elif t == "seeds":
-                    # Program code can write to this channel itself, bypassing the builtin's
-                    # checks: an unbounded count would stall the event loop (and eat memory).
-                    namespace, count = msg.get("namespace"), msg.get("count")
-                    if (not isinstance(namespace, str) or not namespace or isinstance(count, bool)
-                            or not isinstance(count, int) or not 0 <= count <= MAX_HOLDOUT_SEEDS):
-                        await chan.send({"t": "seeds_err", "message": "holdout_seeds: namespace must be a "
-                                         f"non-empty string and count an integer in [0, {MAX_HOLDOUT_SEEDS}]"})
-                        continue
-                    try:
-                        values = seeds(namespace, count)
-                        await chan.send({"t": "seeds_ok", "seeds": values})
-                    except Exception as exc:  # noqa: BLE001
-                        await chan.send({"t": "seeds_err", "message": str(exc)})
-                elif t == "done":
-                    res.status = "COMPLETED" if msg.get("status") == "COMPLETED" else "FAILED"
-                    res.error = msg.get("error")
-                    res.recycle = bool(msg.get("recycle"))
-                    bad = msg.get("bad_blobs")
-                    if isinstance(bad, list):
-                        res.bad_blobs = [d for d in bad if isinstance(d, str)][:1000]
-                    return
-                else:
-                    raise ValueError(f"unexpected worker message {t!r}")
+            await talk.until_done(job)
 
         self.status = "busy"
         try:
             await asyncio.wait_for(converse(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             res.timed_out = True
         except _TooLarge:
             pass
@@ -318,8 +258,99 @@ class WorkerHandle:
             res.crashed = _describe_exit(await self._exit_reason(5), exc)
         finally:
             self.end()  # single use: whatever happened, every process of the request dies now
-            release()
+            talk.release()
         return res
+
+
+class _Conversation:
+    """One program's messages with its worker, until "done": where it is, what it returns,
+    the GPU lease it takes and gives back, the holdout seeds it asks for. What it learns
+    goes into `res`; a malformed message raises (the caller counts it a crash)."""
+
+    def __init__(self, chan: AsyncChannel, res: WorkerRun, gpu: int | None, leases: LeaseScheduler | None,
+                 seeds: SeedsFn, max_part_bytes: int) -> None:
+        self.chan = chan
+        self.res = res
+        self.gpu = gpu
+        self.leases = leases
+        self.seeds = seeds
+        self.max_part_bytes = max_part_bytes
+        self._held_since: float | None = None  # while this program holds the lease
+
+    async def until_done(self, job: dict[str, Any]) -> None:
+        await self.chan.send(job)
+        while True:
+            try:
+                msg, bins = await self.chan.recv(self.max_part_bytes - self.res.part_bytes)
+            except FrameTooLarge:  # refused from the header: nothing is buffered
+                self.res.too_large = True
+                raise _TooLarge() from None
+            t = msg.get("t")
+            if t == "step":
+                self.res.index = int(msg["i"])
+            elif t == "return":
+                self._returned(msg, bins)
+            elif t == "lease":
+                await self._lease()
+            elif t == "release":
+                self.release()
+            elif t == "seeds":
+                await self._seeds(msg)
+            elif t == "done":
+                self._done(msg)
+                return
+            else:
+                raise ValueError(f"unexpected worker message {t!r}")
+
+    def _returned(self, msg: dict[str, Any], bins: list[bytes]) -> None:
+        self.res.returns.append((str(msg["key"]), msg["node"]))
+        self.res.part_bytes += sum(len(b) for b in bins)
+        if self.res.part_bytes > self.max_part_bytes:
+            self.res.too_large = True
+            raise _TooLarge()
+        self.res.parts.extend(bins)
+
+    async def _lease(self) -> None:
+        # A CPU worker has nothing to lease; a second request while held is answered at once.
+        if self.leases is not None and self.gpu is not None and self._held_since is None:
+            t0 = time.monotonic()
+            await self.leases.acquire(self.gpu)
+            now = time.monotonic()
+            self.res.lease_wait_ms += (now - t0) * 1e3
+            self._held_since = now
+        await self.chan.send({"t": "lease_ok"})
+
+    def release(self) -> None:
+        """Give the lease back, if held (idempotent)."""
+        if self._held_since is not None:
+            self.res.lease_held_ms += (time.monotonic() - self._held_since) * 1e3
+            self._held_since = None
+            assert self.leases is not None and self.gpu is not None
+            self.leases.release(self.gpu)
+
+    async def _seeds(self, msg: dict[str, Any]) -> None:
+        # Program code can write to this channel itself, bypassing the builtin's
+        # checks: an unbounded count would stall the event loop (and eat memory).
+        namespace, count = msg.get("namespace"), msg.get("count")
+        if (not isinstance(namespace, str) or not namespace or isinstance(count, bool)
+                or not isinstance(count, int) or not 0 <= count <= MAX_HOLDOUT_SEEDS):
+            await self.chan.send({"t": "seeds_err", "message": "holdout_seeds: namespace must be a "
+                                  f"non-empty string and count an integer in [0, {MAX_HOLDOUT_SEEDS}]"})
+            return
+        try:
+            values = self.seeds(namespace, count)
+            await self.chan.send({"t": "seeds_ok", "seeds": values})
+        except Exception as exc:  # noqa: BLE001
+            await self.chan.send({"t": "seeds_err", "message": str(exc)})
+
+    def _done(self, msg: dict[str, Any]) -> None:
+        res = self.res
+        res.status = "COMPLETED" if msg.get("status") == "COMPLETED" else "FAILED"
+        res.error = msg.get("error")
+        res.recycle = bool(msg.get("recycle"))
+        bad = msg.get("bad_blobs")
+        if isinstance(bad, list):
+            res.bad_blobs = [d for d in bad if isinstance(d, str)][:1000]
 
 
 class _TooLarge(Exception):
@@ -402,7 +433,7 @@ class WorkerPool:
                 if isinstance(w, WorkerHandle):
                     await w.stop()
             raise RuntimeError(f"workers could not start: {errors[0]}") from errors[0]
-        for slot, w in zip(self.slots.values(), workers):
+        for slot, w in zip(self.slots.values(), workers, strict=True):
             assert isinstance(w, WorkerHandle)
             slot.current = w
             self._checkin(w)
@@ -449,8 +480,9 @@ class WorkerPool:
 
     def _pick(self) -> WorkerHandle:
         # Prefer a worker whose GPU has the shortest lease line.
-        if self.leases is not None and len(self._idle) > 1:
-            best = min(self._idle, key=lambda w: self.leases.depth(w.gpu_id) if w.gpu_id is not None else 0)
+        leases = self.leases
+        if leases is not None and len(self._idle) > 1:
+            best = min(self._idle, key=lambda w: leases.depth(w.gpu_id) if w.gpu_id is not None else 0)
             self._idle.remove(best)
             return best
         return self._idle.pop(0)
@@ -467,7 +499,7 @@ class WorkerPool:
         self._waiters.append(fut)
         try:
             w = await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             if fut.done() and not fut.cancelled():
                 self._checkin(fut.result())  # handed over just as we gave up
             else:

@@ -11,7 +11,18 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass
+class RequestLog:
+    """Fields of the one log line a request produces."""
+
+    request_id: str
+    client: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
 
 _lines: "queue.SimpleQueue[str | None]" = queue.SimpleQueue()
 _writer: threading.Thread | None = None

@@ -208,25 +208,38 @@ class SandboxPolicy:
         return self._argv[gpu] + info + ["--as-pid-1", "--chdir", "/", "--", "/bin/cat"]
 
     def _build_argv(self, gpu: bool) -> list[str]:
-        a = [self.bwrap_path, "--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts",
-             "--unshare-cgroup-try", "--die-with-parent"]
+        """bwrap's options, in the order they must come: later mounts go over earlier ones."""
+        tools = [(h, i) for h, i in dict.fromkeys(self._path) if not any(_inside(h, k) for k in self._ro)]
+        parents = self._bind_parents(self._ro + [i for _, i in tools])
+        under_tmp = [p for p in self._ro if _inside(p, "/tmp")]
+        return [self.bwrap_path, *self._namespaces(), *self._host_binds(tools, parents, under_tmp),
+                *self._devices(gpu), *self._workspace(), *self._own_tmp(parents, under_tmp), *self._hiding()]
+
+    def _namespaces(self) -> list[str]:
+        a = ["--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+             "--die-with-parent"]
         if self.uses_userns:
             a.append("--unshare-user")
-        # Parents of nested binds (e.g. /home/ci for /home/ci/python3.11) would be made 0700:
-        # create them traversable first.
-        tools = [(h, i) for h, i in dict.fromkeys(self._path) if not any(_inside(h, k) for k in self._ro)]
-        dests = self._ro + [i for _, i in tools]
+        return a
+
+    def _bind_parents(self, dests: list[str]) -> list[str]:
+        """Parents of nested binds (e.g. /home/ci for /home/ci/python3.11), which bwrap would
+        make 0700, to be created traversable first; shallowest first."""
         parents = sorted({os.path.dirname(p[:i]) for p in dests for i in range(len(p) + 1)
                           if p[i:i + 1] in ("/", "") and os.path.dirname(p[:i]) not in ("", "/")}
                          - set(dests), key=lambda s: (s.count("/"), s))
-        parents = [d for d in parents if not any(_inside(d, k) for k in self._ro)]
+        return [d for d in parents if not any(_inside(d, k) for k in self._ro)]
+
+    def _host_binds(self, tools: list[tuple[str, str]], parents: list[str], under_tmp: list[str]) -> list[str]:
+        """The system, the Python installation and the $PATH tools, read-only (what lies
+        under /tmp is bound once /tmp is the sandbox's own, in _own_tmp)."""
+        a: list[str] = []
         for d in parents:
             if not _inside(d, "/tmp"):
                 a += ["--perms", "0755", "--dir", d]
-        under_tmp = [p for p in self._ro if _inside(p, "/tmp")]
         for p in self._ro:
             if p in under_tmp:
-                continue  # bound once /tmp is the sandbox's own (below)
+                continue
             if os.path.islink(p):
                 a += ["--symlink", os.readlink(p), p]
             else:
@@ -235,7 +248,10 @@ class SandboxPolicy:
             a += ["--ro-bind", host, inside]
         if self.identity is not None:
             a += ["--ro-bind", self.identity[0], "/etc/passwd", "--ro-bind", self.identity[1], "/etc/group"]
-        a += ["--proc", "/proc", "--tmpfs", "/dev"]
+        return a
+
+    def _devices(self, gpu: bool) -> list[str]:
+        a = ["--proc", "/proc", "--tmpfs", "/dev"]
         for d in _BASIC_DEVICES:
             if _exists(d):
                 a += ["--dev-bind", d, d]
@@ -248,17 +264,22 @@ class SandboxPolicy:
             for p in ro:
                 if not any(_inside(p, k) for k in self._ro):
                     a += ["--ro-bind", p, p]
-        if self.limits.workspace_bytes:
-            a += ["--size", str(self.limits.workspace_bytes)]
-        a += ["--tmpfs", ROOT]
+        return a
+
+    def _tmpfs_size(self) -> list[str]:
+        return ["--size", str(self.limits.workspace_bytes)] if self.limits.workspace_bytes else []
+
+    def _workspace(self) -> list[str]:
+        a = [*self._tmpfs_size(), "--tmpfs", ROOT]
         for d in WRITABLE_DIRS:
             a += ["--dir", d]
-        # /tmp is a tmpfs of its own, as large as the workspace (TMPDIR points into the
-        # workspace; /tmp is for programs that ignore it), so that an installation under /tmp
-        # can be bound into it read-only.
-        if self.limits.workspace_bytes:
-            a += ["--size", str(self.limits.workspace_bytes)]
-        a += ["--tmpfs", "/tmp", "--symlink", SHM, "/dev/shm"]
+        return a
+
+    def _own_tmp(self, parents: list[str], under_tmp: list[str]) -> list[str]:
+        """/tmp is a tmpfs of its own, as large as the workspace (TMPDIR points into the
+        workspace; /tmp is for programs that ignore it), so that an installation under /tmp
+        can be bound into it read-only."""
+        a = [*self._tmpfs_size(), "--tmpfs", "/tmp", "--symlink", SHM, "/dev/shm"]
         # Those parents again inside the new /tmp (made before it, they are hidden by it): a
         # venv under /tmp whose project is not bound (a wheel install) needs /tmp/<clone>.
         for d in parents:
@@ -266,8 +287,12 @@ class SandboxPolicy:
                 a += ["--perms", "0755", "--dir", d]
         for p in under_tmp:
             a += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
-        # Server state that happens to lie inside a bound directory: hidden behind an empty,
-        # read-only tmpfs (a directory) or /dev/null (a file).
+        return a
+
+    def _hiding(self) -> list[str]:
+        """Server state that happens to lie inside a bound directory: hidden behind an empty,
+        read-only tmpfs (a directory) or /dev/null (a file)."""
+        a: list[str] = []
         for h in self.hidden:
             if not any(_inside(h, k) for k in self._ro) or not os.path.exists(h):
                 continue

@@ -99,7 +99,7 @@ class SandboxProcess:
         try:
             await _readable(pidfd, timeout)
             os.waitpid(self.pid, 0)
-        except (asyncio.TimeoutError, ChildProcessError):
+        except (TimeoutError, ChildProcessError):
             pass
         finally:
             self._pidfd = -1

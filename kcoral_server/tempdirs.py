@@ -10,12 +10,14 @@ import os
 import shutil
 import tempfile
 
+from kcoral.runners.sandboxed import open_write, read_regular
+
 OWNER_FILE = ".kcoral-owner"
 
 
 def make_owned_dir(prefix: str, parent: str | None) -> str:
     path = tempfile.mkdtemp(prefix=prefix, dir=parent)
-    with open(os.path.join(path, OWNER_FILE), "w") as f:
+    with os.fdopen(open_write(os.path.join(path, OWNER_FILE), mode=0o644), "w") as f:
         f.write(str(os.getpid()))
     return path
 
@@ -42,9 +44,8 @@ def sweep_stale(parent: str | None, prefix: str) -> int:
         if not name.startswith(prefix):
             continue
         path = os.path.join(parent, name)
-        try:
-            with open(os.path.join(path, OWNER_FILE)) as f:
-                pid = int(f.read().strip())
+        try:  # a shared parent (/dev/shm): a link or a FIFO put there is neither followed nor waited on
+            pid = int(read_regular(os.path.join(path, OWNER_FILE), limit=64).strip())
         except (OSError, ValueError):
             continue  # not ours, or still being created: leave it
         if pid != os.getpid() and not _alive(pid):

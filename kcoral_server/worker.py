@@ -43,7 +43,7 @@ def _init_gpu(done: threading.Event) -> None:
         done.set()
 
 
-def _start_gpu_init() -> Callable[[], None]:
+def _start_gpu_init() -> Callable[[], object]:
     """Start creating the CUDA context in the background and return the wait for it.
 
     Creating a context takes about 0.3 s on an H200 host. Made before the worker said it

@@ -1,8 +1,9 @@
 """Per-request working directories and link-safe file access inside them.
 
-Every path is walked one component at a time with `dir_fd` and O_NOFOLLOW, so a symbolic
-link planted by earlier program code can never redirect a write or a read outside the
-workspace. Used by the worker (files in and out) and the server (removing folders).
+Every path is walked one component at a time with `dir_fd` and O_NOFOLLOW (the opens of
+`kcoral.runners.sandboxed`), so a symbolic link planted by earlier program code can never
+redirect a write or a read outside the workspace. Used by the worker (files in and out)
+and the server (removing folders).
 """
 from __future__ import annotations
 
@@ -10,14 +11,12 @@ import errno
 import hashlib
 import os
 import shutil
-import stat
 import sys
 from dataclasses import dataclass
+from typing import Any
 
+from kcoral.runners.sandboxed import NotRegularFile, normalize_path, open_dir, open_read, open_write
 from kcoral.values import FileValue, FolderValue
-from kcoral.wire import normalize_path
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class WorkspaceError(ValueError):
@@ -75,7 +74,7 @@ def read_blob(blob: BlobRef, writable: bool = False) -> bytes | bytearray:
 def remove_tree(path: str) -> None:
     """Remove a request directory even if the program made parts of it unwritable."""
 
-    def fix(func, p, _exc):  # noqa: ANN001
+    def fix(func: Any, p: str, _exc: Any) -> None:
         try:
             os.chmod(os.path.dirname(p), 0o700)
             if os.path.isdir(p) and not os.path.islink(p):
@@ -90,43 +89,27 @@ def remove_tree(path: str) -> None:
         shutil.rmtree(path, onerror=fix)
 
 
-def _open_dir(parent_fd: int, name: str, create: bool) -> int:
-    if create:
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
+def _walk(root: str | int, parts: list[str], create: bool) -> int:
+    """Open the directory `root/parts...` without following links; caller closes the fd."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        return open_dir(root, parts, create=create)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise WorkspaceError(f"{name!r} is a symbolic link or not a directory") from None
+            raise WorkspaceError(f"{exc.filename!r} is a symbolic link or not a directory") from None
         if exc.errno == errno.ENOENT:
-            raise WorkspaceError(f"directory {name!r} does not exist") from None
-        raise
-
-
-def _walk(root: str, parts: list[str], create: bool) -> int:
-    """Open the directory `root/parts...` without following links; caller closes the fd."""
-    fd = os.open(root, _DIR_FLAGS)
-    try:
-        for name in parts:
-            nfd = _open_dir(fd, name, create)
-            os.close(fd)
-            fd = nfd
-        return fd
-    except BaseException:
-        os.close(fd)
+            raise WorkspaceError(f"directory {exc.filename!r} does not exist") from None
         raise
 
 
 def write_file_from(root: str, relpath: str, source: BlobRef) -> None:
     """Materialise the blob's bytes at root/relpath (mode 0600, parents 0700)."""
-    parts = normalize_path(relpath).split("/")
+    parts = normalize_path(relpath, error=WorkspaceError).split("/")
     dfd = _walk(root, parts[:-1], create=True)
     try:
         try:
-            out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600, dir_fd=dfd)
+            out = open_write(parts[-1], dir_fd=dfd, exclusive=False)
+        except NotRegularFile:
+            raise WorkspaceError(f"{relpath!r} exists and is not a regular file") from None
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                 raise WorkspaceError(f"{relpath!r} exists and is not a regular file") from None
@@ -134,8 +117,6 @@ def write_file_from(root: str, relpath: str, source: BlobRef) -> None:
     finally:
         os.close(dfd)
     try:
-        if not stat.S_ISREG(os.fstat(out).st_mode):
-            raise WorkspaceError(f"{relpath!r} exists and is not a regular file")
         os.fchmod(out, 0o600)
         if source.verify is not None:  # checked in memory, so what is checked is what is written
             data = read_blob(source)
@@ -156,25 +137,21 @@ def write_file_from(root: str, relpath: str, source: BlobRef) -> None:
 
 def _read_at(dfd: int, name: str, shown: str) -> bytes:
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        fd = open_read(name, dir_fd=dfd)
+    except NotRegularFile:
+        raise WorkspaceError(f"{shown!r} is not a regular file") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise WorkspaceError(f"{shown!r} is a symbolic link") from None
         if exc.errno == errno.ENOENT:
             raise WorkspaceError(f"{shown!r} does not exist") from None
         raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise WorkspaceError(f"{shown!r} is not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read()
-    finally:
-        os.close(fd)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def read_file(root: str, relpath: str) -> FileValue:
-    parts = normalize_path(relpath).split("/")
+    parts = normalize_path(relpath, error=WorkspaceError).split("/")
     dfd = _walk(root, parts[:-1], create=False)
     try:
         return FileValue(_read_at(dfd, parts[-1], relpath))
@@ -184,7 +161,7 @@ def read_file(root: str, relpath: str) -> FileValue:
 
 def read_folder(root: str, relpath: str) -> FolderValue:
     """Snapshot a folder: regular files and directories only; links or specials fail."""
-    norm = normalize_path(relpath, allow_root=True)
+    norm = normalize_path(relpath, allow_root=True, error=WorkspaceError)
     dfd = _walk(root, norm.split("/") if norm else [], create=False)
     folder = FolderValue()
     try:
@@ -203,7 +180,7 @@ def _collect(dfd: int, prefix: str, folder: FolderValue) -> None:
             raise WorkspaceError(f"{rel!r} is a symbolic link")
         if entry.is_dir(follow_symlinks=False):
             folder.directories.append(rel)
-            sub = _open_dir(dfd, entry.name, create=False)
+            sub = _walk(dfd, [entry.name], create=False)
             try:
                 _collect(sub, rel + "/", folder)
             finally:

@@ -33,6 +33,8 @@ import sys
 import time
 from typing import Any
 
+from kcoral.runners.sandboxed import kill_orphans
+
 from . import privs
 from .privs import Namespace
 
@@ -78,7 +80,7 @@ class _Zygote:
 
     def serve(self) -> None:
         while True:
-            ready, _, _ = select.select([self.sock, self.wake_r], [], [])
+            ready, _, _ = select.select([self.sock.fileno(), self.wake_r], [], [])
             if self.wake_r in ready:
                 while True:
                     try:
@@ -87,7 +89,7 @@ class _Zygote:
                     except BlockingIOError:
                         break
                 self._reap()
-            if self.sock in ready:
+            if self.sock.fileno() in ready:
                 try:
                     got = _recv_spawn(self.sock)
                 except (ConnectionError, OSError):
@@ -157,25 +159,11 @@ class _Zygote:
             status_fd = self.workers.pop(pid, None)
             if status_fd is None:
                 continue  # a launcher (it reported itself) or an orphan already dead
-            _kill_orphans(self.workers)
+            # Processes a dead worker left behind (--sandbox none; with a sandbox they die
+            # with its PID namespace): killed here, reaped by this loop.
+            kill_orphans(keep=self.workers, reap_s=0)
             _report(status_fd, f"exit {os.waitstatus_to_exitcode(wstatus)}")
             os.close(status_fd)
-
-
-def _kill_orphans(workers: dict[int, int]) -> None:
-    """Children of ours that are not workers: processes a dead worker left behind
-    (--sandbox none; with a sandbox they die with its PID namespace)."""
-    try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as f:
-            pids = [int(x) for x in f.read().split()]
-    except OSError:
-        return
-    for pid in pids:
-        if pid not in workers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def main() -> None:
@@ -226,7 +214,7 @@ def _own_dirs(spec: dict[str, Any]) -> None:
     """The tmpfs's folders belong to the uid the program runs as, private to it."""
     uid, gid = spec.get("uid"), spec.get("gid")
     for d in spec.get("own_dirs", []):
-        if uid is not None:
+        if uid is not None and gid is not None:
             os.chown(d, uid, gid)
         os.chmod(d, 0o700)
 
@@ -285,7 +273,7 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
                     value += _address_space_bytes()
                 resource.setrlimit(res, (value, value))
         uid, gid = spec.get("uid"), spec.get("gid")
-        if uid is not None:
+        if uid is not None and gid is not None:   # the pool sets both or neither
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)  # from root: every capability is gone

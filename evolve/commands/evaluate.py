@@ -26,8 +26,7 @@ from evolve.pipeline.runner import run_stage
 from evolve.population import Candidate, Population, StageResult
 from evolve.promotion import Promoter
 from evolve.stage_progress import StageProgress
-
-REBENCH_STAGE = "rebench"
+from evolve.vocabulary import PIPELINE_STAGES, EvaluationStatus, Stage
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -84,15 +83,15 @@ def rebench(ctx: StageContext, cand: Candidate, runs: int) -> list[StageResult]:
     for _ in range(runs):
         if ctx.cancel.is_set():
             break
-        _eid, result = run_stage(ctx, REBENCH_STAGE, cand, fn=lambda: bench_stage.run(ctx, cand))
+        _eid, result = run_stage(ctx, Stage.REBENCH, cand, fn=lambda: bench_stage.run(ctx, cand))
         assert result is not None  # rebench is repeatable: the claim is never refused
         results.append(result)
     return results
 
 
 def rebench_summary(results: list[StageResult]) -> str:
-    speedups = [r.speedup for r in results if r.status == "passed" and r.speedup is not None]
-    failed = sum(r.status != "passed" for r in results)
+    speedups = [r.speedup for r in results if r.status == EvaluationStatus.PASSED and r.speedup is not None]
+    failed = sum(r.status != EvaluationStatus.PASSED for r in results)
     if not speedups:
         return f"rebench: {len(results)} runs, none passed"
     spreads = [r.spread for r in results if r.spread is not None]
@@ -131,13 +130,14 @@ def main(args: argparse.Namespace) -> int:
         return 2
     defaults = RunConfig.model_fields["stages"].default_factory()  # type: ignore[misc]
     stages_cfg = config.stages if config else defaults
-    stages = [s for s in ("check", "gputest", "iket", "ncu", "bench") if stages_cfg[s].enabled]
+    stages = [s for s in PIPELINE_STAGES if stages_cfg[s].enabled]
     policy = config.promotion if config else PromotionConfig()
     remote = config.remote if config else RemoteConfig()
     url = args.remote or os.environ.get("KCORAL_REMOTE") or remote.url
     server = nullcontext(url) if url else EmbeddedServer(cpu_workers=remote.embedded_cpu_workers)
     try:
-        with server as server_url, Client(server_url) as client:
+        # One attempt per call: the pipeline owns the retries (evolve.pipeline.errors).
+        with server as server_url, Client(server_url, retries=1) as client:
             slots = remote.concurrency or server_concurrency(client.health())
             ctx = StageContext(client=client, pop=pop, workload_id=cand.workload_id,
                                workload_dir=Path(workload.path).resolve(), run_id=None, stages=stages_cfg,
@@ -149,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
                 decision = Promoter(ctx, policy).consider(cand, outcome.bench) \
                     if outcome.passed and outcome.bench is not None else None
                 rebenched: list[StageResult] | None = None
-                if args.rebench and outcome.passed and "bench" in stages:
+                if args.rebench and outcome.passed and Stage.BENCH in stages:
                     rebenched = rebench(ctx, cand, args.rebench)
     except EmbeddedServerError as exc:
         print(f"evolve evaluate: error: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.digest import DigestError, source_digest
 from evolve.paths import display_path
 from evolve.population import NewCandidate, Population
+from evolve.vocabulary import Origin
 
 ENTRY_POINT = "solution.py"
 
@@ -74,7 +75,7 @@ def register_candidate(
     cand, created = pop.add_candidate(
         NewCandidate(
             workload_id=wid,
-            origin="agent",
+            origin=Origin.AGENT,
             digest=digest,
             directory=directory,
             name=name or (before.name if edited and before else None) or path.resolve().name,

@@ -87,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
         with server as server_url:
             if not url:
                 print(f"evolve: embedded server at {server_url}", file=sys.stderr)
-            with Client(server_url) as client:
+            # One attempt per call: the pipeline owns the retries (evolve.pipeline.errors).
+            with Client(server_url, retries=1) as client:
                 summary = SearchLoop(config, client, pop, resume=args.resume, join=args.join,
                                      events=EventHook(args.on_event)).run()
     except JoinError as exc:

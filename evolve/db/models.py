@@ -7,6 +7,7 @@ as timezone-aware UTC (see `UTCDateTime`).
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import (
@@ -27,12 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-EVALUATION_STATUSES = ("running", "passed", "failed", "interrupted")
-RUN_STATES = ("running", "finished", "failed", "interrupted")
-ORIGINS = ("template", "agent", "seed")
-# Stages that may hold several running/passed rows for one candidate (each run is a new
-# attempt); every other stage is claimed at most once, see the partial unique index below.
-REPEATABLE_STAGES = ("confirm", "rebench")
+from evolve.vocabulary import LIVE, REPEATABLE_STAGES, EvaluationStatus, Origin, RunState
+
 
 # Constraint names are fixed so batch-mode migrations on SQLite can find them again.
 NAMING = MetaData(
@@ -71,8 +68,9 @@ class Base(DeclarativeBase):
     metadata = NAMING
 
 
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+def _in(column: str, values: Iterable[str]) -> str:
+    # str(): an enum member's repr is not its SQL literal.
+    return f"{column} IN ({', '.join(repr(str(v)) for v in values)})"
 
 
 class WorkloadModel(Base):
@@ -86,13 +84,13 @@ class WorkloadModel(Base):
 
 class RunModel(Base):
     __tablename__ = "runs"
-    __table_args__ = (CheckConstraint(_in("state", RUN_STATES), name="state"),)
+    __table_args__ = (CheckConstraint(_in("state", RunState), name="state"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     strategy: Mapped[str] = mapped_column(String(100))
-    state: Mapped[str] = mapped_column(String(16), default="running")
+    state: Mapped[str] = mapped_column(String(16), default=RunState.RUNNING)
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -129,7 +127,7 @@ class CandidateModel(Base):
     __tablename__ = "candidates"
     __table_args__ = (
         UniqueConstraint("workload_id", "digest"),
-        CheckConstraint(_in("origin", ORIGINS), name="origin"),
+        CheckConstraint(_in("origin", Origin), name="origin"),
         # The leaderboard walks these from the top: O(limit), however many evaluations.
         Index("ix_candidates_workload_best", "workload_id", "best_speedup"),
         Index("ix_candidates_best", "best_speedup"),
@@ -170,7 +168,7 @@ class CandidateModel(Base):
 class EvaluationModel(Base):
     __tablename__ = "evaluations"
     __table_args__ = (
-        CheckConstraint(_in("status", EVALUATION_STATUSES), name="status"),
+        CheckConstraint(_in("status", EvaluationStatus), name="status"),
         # Attempts of one stage are numbered 1, 2, ...; two writers can't take one number.
         UniqueConstraint("candidate_id", "stage", "attempt"),
         # At most one live-or-passed claim per (candidate, stage): this makes begin_stage
@@ -181,10 +179,10 @@ class EvaluationModel(Base):
             "stage",
             unique=True,
             sqlite_where=text(
-                f"{_in('status', ('running', 'passed'))} AND {_in('stage', REPEATABLE_STAGES).replace(' IN', ' NOT IN')}"
+                f"{_in('status', LIVE)} AND {_in('stage', REPEATABLE_STAGES).replace(' IN', ' NOT IN')}"
             ),
             postgresql_where=text(
-                f"{_in('status', ('running', 'passed'))} AND {_in('stage', REPEATABLE_STAGES).replace(' IN', ' NOT IN')}"
+                f"{_in('status', LIVE)} AND {_in('stage', REPEATABLE_STAGES).replace(' IN', ' NOT IN')}"
             ),
         ),
         # Leaderboard: best passed bench per candidate, answered from the index alone.
@@ -200,7 +198,7 @@ class EvaluationModel(Base):
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     # The process holding it while it runs (its heartbeat is the lease); None before 0004.
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("run_workers.id"), index=True)
-    status: Mapped[str] = mapped_column(String(16), default="running")
+    status: Mapped[str] = mapped_column(String(16), default=EvaluationStatus.RUNNING)
     failure_kind: Mapped[str | None] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text, default="")
     server_instance: Mapped[str | None] = mapped_column(String(255))

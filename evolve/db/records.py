@@ -10,24 +10,10 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-EvaluationStatus = Literal["running", "passed", "failed", "interrupted"]
-FinishedStatus = Literal["passed", "failed"]
-RunState = Literal["running", "finished", "failed", "interrupted"]
-Origin = Literal["template", "agent", "seed"]
-FailureKind = Literal[
-    "check",
-    "compile",
-    "import",
-    "correctness",
-    "flaky",
-    "holdout",
-    "runtime",
-    "timeout",
-    "transport",
-    "resources",
-    "unavailable",
-]
-FAILURE_KINDS: tuple[str, ...] = FailureKind.__args__  # type: ignore[attr-defined]
+from evolve.vocabulary import EvaluationStatus, FailureKind, Origin, RunState, Stage
+
+# A finished stage attempt's status: a verdict.
+FinishedStatus = Literal[EvaluationStatus.PASSED, EvaluationStatus.FAILED]
 
 
 class _Snapshot(BaseModel):
@@ -152,23 +138,23 @@ class StageResult(BaseModel):
 
     @model_validator(mode="after")
     def _kind_matches_status(self) -> StageResult:
-        if self.status == "failed" and self.failure_kind is None:
+        if self.status == EvaluationStatus.FAILED and self.failure_kind is None:
             raise ValueError("a failed stage needs a failure_kind")
-        if self.status == "passed" and self.failure_kind is not None:
-            raise ValueError(f"a passed stage can't have failure_kind {self.failure_kind!r}")
+        if self.status == EvaluationStatus.PASSED and self.failure_kind is not None:
+            raise ValueError(f"a passed stage can't have failure_kind {str(self.failure_kind)!r}")
         return self
 
 
 class Evaluation(_Snapshot):
     id: int
     candidate_id: int
-    stage: str
+    stage: Stage
     attempt: int
     retry_of: int | None
     run_id: int | None
     worker_id: int | None = None
     status: EvaluationStatus
-    failure_kind: str | None
+    failure_kind: FailureKind | None
     message: str
     server_instance: str | None
     gpu: str | None
@@ -228,9 +214,9 @@ class LeaderboardRow(_Snapshot):
 
 
 class StatusCount(_Snapshot):
-    stage: str
+    stage: Stage
     status: EvaluationStatus
-    failure_kind: str | None
+    failure_kind: FailureKind | None
     count: int
 
 

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TransportTrouble, normalise_kind
 from evolve.pipeline.timings import jsonable, node_metric
 from evolve.population import Candidate, StageLogs, StageResult
+from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
 
 def bench_result(rep, against: Path | None = None) -> StageResult:
@@ -36,23 +38,23 @@ def bench_result(rep, against: Path | None = None) -> StageResult:
     crash = last_traceback(judge_log)
     logs = StageLogs(stderr=judge_log, traceback=crash or "")
     if rep.passed:
-        return StageResult(status="passed", metrics=metrics, logs=logs, **fields)
-    kind = normalise_kind(getattr(rep, "failure_kind", None), "correctness")
+        return StageResult(status=EvaluationStatus.PASSED, metrics=metrics, logs=logs, **fields)
+    kind = FailureKind(normalise_kind(getattr(rep, "failure_kind", None), "correctness"))
     message = str(getattr(rep, "message", None) or f"official benchmark failed ({kind})")
     if crash is not None and exception_line(crash) not in message:
         message = f"{exception_line(crash)}\n{message}"
-    return StageResult(status="failed", failure_kind=kind, message=message[:4000], metrics=metrics, logs=logs,
-                       **fields)
+    return StageResult(status=EvaluationStatus.FAILED, failure_kind=kind, message=message[:4000], metrics=metrics,
+                       logs=logs, **fields)
 
 
 def run(ctx: StageContext, cand: Candidate, against: Path | None = None) -> StageResult:
     from kcoral.bench import run_bench  # the workload client; imported when a GPU stage runs
 
-    cfg = ctx.stages["bench"]
+    cfg = ctx.stages[Stage.BENCH]
     with ctx.gate.slot(ctx.cancel):
         rep = run_bench(ctx.client, ctx.workload_dir, ctx.candidate_dir(cand), timeout=cfg.timeout,
                         against=against)
-    if not rep.passed and rep.failure_kind == "transport":
+    if not rep.passed and rep.failure_kind == FailureKind.TRANSPORT:
         # The server went away mid-call: wait for it and run again inside the same row.
         raise TransportTrouble(rep.message)
     return bench_result(rep, against)

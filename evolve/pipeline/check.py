@@ -16,12 +16,13 @@ from evolve.pipeline.import_probe import ENTRY, probe
 from evolve.pipeline.static_rules import directory_violations
 from evolve.population import Candidate, StageResult
 from evolve.render import PARAMS_FILE
+from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
 DEFAULT_ARCH = "sm_90a"
 
 
-def _failed(kind: str, message: str, **metrics) -> StageResult:
-    return StageResult(status="failed", failure_kind=kind, message=message[:4000], metrics=metrics)
+def _failed(kind: FailureKind, message: str, **metrics) -> StageResult:
+    return StageResult(status=EvaluationStatus.FAILED, failure_kind=kind, message=message[:4000], metrics=metrics)
 
 
 def _cuda_sources(ctx: StageContext, cand: Candidate, directory: Path) -> tuple[list[Path], list[str]]:
@@ -39,31 +40,31 @@ def _workload_device(ctx: StageContext) -> str:
 
 
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
-    cfg = ctx.stages["check"]
+    cfg = ctx.stages[Stage.CHECK]
     directory = ctx.candidate_dir(cand)
     if not (directory / ENTRY).is_file():
-        return _failed("check", f"{directory} has no {ENTRY}")
+        return _failed(FailureKind.CHECK, f"{directory} has no {ENTRY}")
     # Render: a template candidate's point must still be admitted by its family.
     family = ctx.families.get(cand.family or "")
     if family is not None and (directory / PARAMS_FILE).is_file():
         try:
             family.validate(json.loads((directory / PARAMS_FILE).read_text())["params"])
         except (ParamsError, KeyError, ValueError) as exc:
-            return _failed("check", f"render: {exc}")
+            return _failed(FailureKind.CHECK, f"render: {exc}")
     problems = directory_violations(directory)
     if problems:
         syntax = any("syntax error" in p for p in problems)
-        return _failed("import" if syntax else "check", "; ".join(problems), rules=problems)
+        return _failed(FailureKind.IMPORT if syntax else FailureKind.CHECK, "; ".join(problems), rules=problems)
     imported = probe(ctx.client, directory, min(cfg.timeout, 120.0))
     if imported.error:
-        return StageResult(status="failed", failure_kind="import", message=imported.error[:4000],
-                           **imported.timing)
+        return StageResult(status=EvaluationStatus.FAILED, failure_kind=FailureKind.IMPORT,
+                           message=imported.error[:4000], **imported.timing)
     metrics, timing = imported.metrics, imported.timing
 
     sources, flags = _cuda_sources(ctx, cand, directory)
     missing = [s.name for s in sources if not s.is_file()]
     if missing:
-        return _failed("check", f"CUDA sources missing: {missing}")
+        return _failed(FailureKind.CHECK, f"CUDA sources missing: {missing}")
     if sources and _workload_device(ctx) == "cpu":
         metrics["nvcc"] = "skipped: the workload runs on the CPU"
     elif sources and nvcc.nvcc_path() is None:
@@ -77,9 +78,9 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
             try:
                 report = nvcc.compile_cuda(src, arch, flags, timeout=cfg.timeout)
             except subprocess.TimeoutExpired:
-                return _failed("timeout", f"nvcc {src.name}: longer than {cfg.timeout:.0f} s")
+                return _failed(FailureKind.TIMEOUT, f"nvcc {src.name}: longer than {cfg.timeout:.0f} s")
             if not report.ok:
-                return _failed("compile", f"nvcc {src.name} for {arch}:\n{report.log}")
+                return _failed(FailureKind.COMPILE, f"nvcc {src.name} for {arch}:\n{report.log}")
             compiled[src.name] = {k: v.model_dump() for k, v in report.kernels.items()}
             if report.max_registers is not None:
                 registers.append(report.max_registers)
@@ -87,6 +88,6 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
         metrics.update(arch=arch, kernels=compiled)
         smem = [k["smem_bytes"] for ks in compiled.values() for k in ks.values()]
         metrics["smem_bytes"] = max(smem, default=0)
-        return StageResult(status="passed", metrics=metrics,
+        return StageResult(status=EvaluationStatus.PASSED, metrics=metrics,
                            registers=max(registers) if registers else None, spills=spills, **timing)
-    return StageResult(status="passed", metrics=metrics, **timing)
+    return StageResult(status=EvaluationStatus.PASSED, metrics=metrics, **timing)

@@ -1,22 +1,34 @@
 """Map what a stage raised to a typed failure kind, and tell transport trouble apart.
 
 Transport trouble (connection refused or reset, 502/503, a server restarting) is not the
-candidate's fault: the stage waits and retries it. Everything else is recorded.
+candidate's fault: the stage waits and retries it. Everything else is recorded. Only
+`kcoral`'s errors are looked at: the client turns whatever its HTTP library raised into
+them, so nothing here depends on how the client talks to the server.
+
+Retries live in one layer, the pipeline's (`runner.attempt`), because it owns the
+decision: it knows how long a stage may wait for a restarting server (`transport_wait_s`),
+whether the run is being cancelled, and that a retry stays in the same evaluation row.
+evolve therefore builds its client with `retries=1` (one attempt per call), so the
+client's own retry policy, meant for the tools' direct users, is not stacked under it.
 """
 from __future__ import annotations
 
-import httpx
+from kcoral.errors import OutcomeUnknown, TransportError
+from kcoral.protocol.error_kind import ErrorKind
 
-from kcoral.errors import OutcomeUnknown
+from evolve.vocabulary import FailureKind
 
 # Failure kinds of the population contract.
-FAILURE_KINDS = ("check", "compile", "import", "correctness", "flaky", "holdout", "runtime",
-                 "timeout", "transport", "resources", "unavailable")
+FAILURE_KINDS = frozenset(FailureKind)
 
-_REMOTE_KIND_MAP = {
-    "compile": "compile", "runtime": "runtime", "correctness": "correctness", "timeout": "timeout",
-    "unavailable": "unavailable", "gpu_access": "resources", "request_too_large": "resources",
-    "response_too_large": "resources", "parse": "runtime", "serialization": "runtime", "engine": "runtime",
+# A server that is away or overloaded: waited out, never recorded against the candidate.
+TRANSIENT_KINDS = frozenset({ErrorKind.BUSY, ErrorKind.TRANSPORT})
+
+_REMOTE_KIND_MAP: dict[str, str] = {
+    ErrorKind.COMPILE: "compile", ErrorKind.RUNTIME: "runtime", ErrorKind.CORRECTNESS: "correctness",
+    ErrorKind.TIMEOUT: "timeout", ErrorKind.UNAVAILABLE: "unavailable", ErrorKind.GPU_ACCESS: "resources",
+    ErrorKind.REQUEST_TOO_LARGE: "resources", ErrorKind.RESPONSE_TOO_LARGE: "resources",
+    ErrorKind.PARSE: "runtime", ErrorKind.SERIALIZATION: "runtime", ErrorKind.ENGINE: "runtime",
 }
 
 
@@ -38,15 +50,14 @@ def is_transport_error(exc: BaseException) -> bool:
     """True for errors a restarted or overloaded server explains."""
     if is_outcome_unknown(exc):
         return False
-    if isinstance(exc, (httpx.TransportError, ConnectionError, TransportTrouble)):
+    if isinstance(exc, (TransportError, TransportTrouble)):
         return True
     if _status(exc) in (502, 503):
         return True
-    kind = getattr(exc, "kind", None)
-    if kind in ("busy", "transport", "connection"):
+    if getattr(exc, "kind", None) in TRANSIENT_KINDS:
         return True
     cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and isinstance(cause, (httpx.TransportError, ConnectionError))
+    return cause is not None and cause is not exc and isinstance(cause, TransportError)
 
 
 def failure_kind(exc: BaseException) -> str:
@@ -57,13 +68,11 @@ def failure_kind(exc: BaseException) -> str:
         return "timeout"
     kind = getattr(exc, "kind", None)
     if isinstance(kind, str):
-        if kind in FAILURE_KINDS:
-            return kind
-        return _REMOTE_KIND_MAP.get(kind, "runtime")
+        return normalise_kind(kind)
     return "runtime"
 
 
 def normalise_kind(kind: str | None, default: str = "runtime") -> str:
     if kind in FAILURE_KINDS:
-        return kind  # type: ignore[return-value]
+        return str(kind)
     return _REMOTE_KIND_MAP.get(kind or "", default)

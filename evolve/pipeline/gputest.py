@@ -3,19 +3,20 @@ from __future__ import annotations
 
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
-from evolve.pipeline.errors import TransportTrouble, normalise_kind
+from evolve.pipeline.errors import TRANSIENT_KINDS, TransportTrouble, normalise_kind
 from evolve.pipeline.timings import jsonable, node_metric, outcome_fields
 from evolve.population import Candidate, StageLogs, StageResult
+from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
 
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
     from kcoral.bench import run_gputest  # the workload client; imported when a GPU stage runs
 
-    cfg = ctx.stages["gputest"]
+    cfg = ctx.stages[Stage.GPUTEST]
     with ctx.gate.slot(ctx.cancel):
         rep = run_gputest(ctx.client, ctx.workload_dir, ctx.candidate_dir(cand), cases=cfg.cases,
                           timeout=cfg.timeout)
-    if not rep.passed and not rep.regimes and rep.message.split(":")[0] in ("transport", "busy"):
+    if not rep.passed and not rep.regimes and rep.message.split(":")[0] in TRANSIENT_KINDS:
         raise TransportTrouble(rep.message)
     regimes = jsonable(getattr(rep, "regimes", {}) or {})
     timing = outcome_fields(getattr(rep, "outcome", None))
@@ -23,21 +24,23 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     crash = last_traceback(rep.stderr or "")
     logs = StageLogs(stdout=rep.stdout or "", stderr=rep.stderr or "", traceback=crash or "")
     if rep.passed:
-        return StageResult(status="passed", metrics={"regimes": regimes, **where}, logs=logs, **timing)
+        return StageResult(status=EvaluationStatus.PASSED, metrics={"regimes": regimes, **where}, logs=logs,
+                           **timing)
     bad = {k: v for k, v in regimes.items() if v}
     if rep.timed_out or rep.message.startswith("timeout"):
-        kind, message = "timeout", rep.message or f"gputest ran past {cfg.timeout:.0f} s"
+        kind, message = FailureKind.TIMEOUT, rep.message or f"gputest ran past {cfg.timeout:.0f} s"
     elif not regimes:
         # Nothing judged: the test script or the candidate's import broke.
-        kind = normalise_kind(rep.message.split(":")[0], "runtime") if rep.message else "runtime"
+        kind = FailureKind(normalise_kind(rep.message.split(":")[0], "runtime")) if rep.message else FailureKind.RUNTIME
         message = f"{rep.message}\n{(rep.stderr or rep.stdout)[-3000:]}"
         if crash is not None:
             message = f"{exception_line(crash)}\n{message}"
     elif crash is not None:
         # The candidate raised: a crash, not a wrong answer; its exception leads the message.
-        kind = "runtime"
+        kind = FailureKind.RUNTIME
         message = f"{exception_line(crash)}\n(raised in {len(bad)} of {len(regimes)} regimes)\n{crash[-2500:]}"
     else:
-        kind, message = "correctness", f"bad regimes: {bad}" if bad else f"exit {rep.exit_code}: {rep.stderr[-2000:]}"
-    return StageResult(status="failed", failure_kind=kind, message=message.strip()[:4000],
+        kind = FailureKind.CORRECTNESS
+        message = f"bad regimes: {bad}" if bad else f"exit {rep.exit_code}: {rep.stderr[-2000:]}"
+    return StageResult(status=EvaluationStatus.FAILED, failure_kind=kind, message=message.strip()[:4000],
                        metrics={"regimes": regimes, "exit_code": rep.exit_code, **where}, logs=logs, **timing)

@@ -10,6 +10,7 @@ from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.timings import node_metric, outcome_fields
 from evolve.population import Candidate, StageLogs, StageResult
+from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
 
 def summarise(trace: bytes) -> dict:
@@ -30,10 +31,10 @@ def summarise(trace: bytes) -> dict:
 
 
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
-    cfg = ctx.stages["iket"]
+    cfg = ctx.stages[Stage.IKET]
     directory = ctx.candidate_dir(cand)
     if cfg.app and cfg.app[-1].endswith(".py") and not (directory / cfg.app[-1]).is_file():
-        return StageResult(status="failed", failure_kind="check",
+        return StageResult(status=EvaluationStatus.FAILED, failure_kind=FailureKind.CHECK,
                            message=f"iket stage: the candidate has no {cfg.app[-1]}")
     with ctx.gate.slot(ctx.cancel):
         res = run_iket(ctx.client, sends=[SendSpec(directory)], app=list(cfg.app), env={}, timeout=cfg.timeout)
@@ -42,8 +43,10 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     logs = StageLogs(stdout=getattr(res, "stdout", "") or "", stderr=res.stderr or "", traceback=crash or "")
     if res.exit_code != 0 or not res.traces:
         why = "; ".join(f"{k}: {v}" for k, v in res.errors.items()) or res.stderr[-2000:] or "no trace returned"
-        return StageResult(status="failed", failure_kind="timeout" if res.timed_out else "runtime",
+        kind = FailureKind.TIMEOUT if res.timed_out else FailureKind.RUNTIME
+        return StageResult(status=EvaluationStatus.FAILED, failure_kind=kind,
                            message=(f"{exception_line(crash)}\n" if crash else "") + f"iket exit {res.exit_code}: {why}"[:4000],
                            logs=logs, **timing)
     summary = {name: summarise(data) for name, data in res.traces.items()}
-    return StageResult(status="passed", metrics={"traces": summary, **node_metric(res.outcome)}, logs=logs, **timing)
+    return StageResult(status=EvaluationStatus.PASSED, metrics={"traces": summary, **node_metric(res.outcome)},
+                       logs=logs, **timing)

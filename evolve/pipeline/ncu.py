@@ -8,13 +8,14 @@ from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.timings import node_metric, outcome_fields
 from evolve.population import Candidate, StageLogs, StageResult
+from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
 
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
-    cfg = ctx.stages["ncu"]
+    cfg = ctx.stages[Stage.NCU]
     directory = ctx.candidate_dir(cand)
     if cfg.app and cfg.app[-1].endswith(".py") and not (directory / cfg.app[-1]).is_file():
-        return StageResult(status="failed", failure_kind="check",
+        return StageResult(status=EvaluationStatus.FAILED, failure_kind=FailureKind.CHECK,
                            message=f"ncu stage: the candidate has no {cfg.app[-1]}")
     args = list(cfg.ncu_args)
     family = ctx.families.get(cand.family or "")
@@ -30,11 +31,12 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     metrics = {"kernels": kernels, "exit_code": res.exit_code, **node_metric(res.outcome)}
     if res.exit_code != 0 or not kernels:
         why = res.metrics_error or res.stderr[-2000:] or "no kernel was profiled"
-        return StageResult(status="failed", failure_kind="timeout" if res.timed_out else "runtime",
+        kind = FailureKind.TIMEOUT if res.timed_out else FailureKind.RUNTIME
+        return StageResult(status=EvaluationStatus.FAILED, failure_kind=kind,
                            message=(f"{exception_line(crash)}\n" if crash else "") + f"ncu exit {res.exit_code}: {why}"[:4000],
                            logs=logs, metrics=metrics, **timing)
     excessive = sum(k.sectors_excessive or 0 for k in res.metrics.kernels)
     registers = max((k.registers or 0 for k in res.metrics.kernels), default=None)
     duration_ms = sum(k.duration_ns or 0 for k in res.metrics.kernels) / 1e6
-    return StageResult(status="passed", metrics=metrics, excessive_sectors=excessive, registers=registers,
-                       ms=duration_ms or None, **timing)
+    return StageResult(status=EvaluationStatus.PASSED, metrics=metrics, excessive_sectors=excessive,
+                       registers=registers, ms=duration_ms or None, **timing)

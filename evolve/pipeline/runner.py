@@ -21,27 +21,26 @@ from evolve.pipeline.context import StageContext
 from evolve.pipeline.errors import failure_kind, is_outcome_unknown, is_transport_error
 from evolve.population import Candidate, StageLogs, StageResult
 from evolve.stage_progress import StageEvent, StagePhase
+from evolve.vocabulary import LOCAL_STAGES, EvaluationStatus, FailureKind, Stage
 
 log = logging.getLogger(__name__)
 
-STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Candidate], StageResult]] = {
-    "check": check.run, "gputest": gputest.run, "iket": iket.run, "ncu": ncu.run, "bench": bench.run,
+STAGE_FUNCTIONS: dict[Stage, Callable[[StageContext, Candidate], StageResult]] = {
+    Stage.CHECK: check.run, Stage.GPUTEST: gputest.run, Stage.IKET: iket.run, Stage.NCU: ncu.run,
+    Stage.BENCH: bench.run,
 }
 # Metrics key of a row whose outcome a router lost (the stage is retried once, see run_stage).
 OUTCOME_UNKNOWN = "outcome_unknown"
-# Stages that record their own server instance (check touches the server only for its import probe).
-LOCAL_STAGES = {"check"}
 
 
 class PipelineOutcome(BaseModel):
     candidate_id: int
     passed: bool
-    stage: str | None = None           # the stage that failed, or that another process holds
-    failure_kind: str | None = None
+    stage: Stage | None = None         # the stage that failed, or that another process holds
+    failure_kind: FailureKind | None = None
     message: str = ""
     skipped: bool = False              # another process holds a stage of this candidate
     bench: StageResult | None = None
-    bench_eval_id: int | None = None
 
 
 def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
@@ -59,14 +58,14 @@ def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
     try:
         result = retrying(fn)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded with its kind
-        kind = "transport" if is_transport_error(exc) else failure_kind(exc)
+        kind = FailureKind.TRANSPORT if is_transport_error(exc) else FailureKind(failure_kind(exc))
         metrics = {OUTCOME_UNKNOWN: True} if is_outcome_unknown(exc) else {}
-        return StageResult(status="failed", failure_kind=kind, message=f"{type(exc).__name__}: {exc}"[:4000],
+        return StageResult(status=EvaluationStatus.FAILED, failure_kind=kind, message=f"{type(exc).__name__}: {exc}"[:4000],
                            metrics=metrics, logs=StageLogs(traceback="".join(traceback.format_exception(exc))))
     return result
 
 
-def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | None = None,
+def run_stage(ctx: StageContext, stage: Stage, cand: Candidate, retry_of: int | None = None,
               fn: Callable[[], StageResult] | None = None,
               claimed: int | None = None) -> tuple[int | None, StageResult | None]:
     """Claim, run and record one stage; (None, None) when the claim is refused.
@@ -85,6 +84,7 @@ def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | No
         return work()
 
     result = attempt(ctx, verified)
+    # A local stage records no server instance (check touches the server only for its import probe).
     if stage not in LOCAL_STAGES and result.server_instance is None:
         result = result.model_copy(update={"server_instance": ctx.server_instance()})
     result.metrics.setdefault("wall_s", round(time.monotonic() - started, 3))
@@ -103,7 +103,7 @@ def run_stage(ctx: StageContext, stage: str, cand: Candidate, retry_of: int | No
     first_line = next((ln.strip() for ln in result.message.splitlines() if ln.strip()), "")
     _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.FINISHED, status=result.status,
                           failure_kind=result.failure_kind, seconds=time.monotonic() - started,
-                          message=first_line[:300] if result.status == "failed" else ""))
+                          message=first_line[:300] if result.status == EvaluationStatus.FAILED else ""))
     return eid, result
 
 
@@ -115,33 +115,31 @@ def _tell(ctx: StageContext, event: StageEvent) -> None:
             log.exception("stage listener failed")
 
 
-def run_pipeline(ctx: StageContext, cand: Candidate, stages: list[str],
-                 retry_of: dict[str, int] | None = None, claimed: dict[str, int] | None = None) -> PipelineOutcome:
+def run_pipeline(ctx: StageContext, cand: Candidate, stages: list[Stage],
+                 retry_of: dict[Stage, int] | None = None, claimed: dict[Stage, int] | None = None) -> PipelineOutcome:
     """`claimed`: stages whose evaluation the caller claimed already (stage -> id)."""
     retry_of = retry_of or {}
     claimed = claimed or {}
     bench_result: StageResult | None = None
-    bench_eid: int | None = None
     for stage in stages:
         if ctx.cancel.is_set():
             return PipelineOutcome(candidate_id=cand.id, passed=False, stage=stage, skipped=True,
                                    message="cancelled")
         eid, result = run_stage(ctx, stage, cand, retry_of.get(stage), claimed=claimed.get(stage))
         if eid is None:
-            done = [e for e in ctx.pop.evaluations(cand.id, stage) if e.status == "passed"]
+            done = [e for e in ctx.pop.evaluations(cand.id, stage) if e.status == EvaluationStatus.PASSED]
             if not done:
                 return PipelineOutcome(candidate_id=cand.id, passed=False, stage=stage, skipped=True,
                                        message=f"stage {stage} is running elsewhere")
-            if stage == "bench":  # passed earlier (e.g. before a restart): reuse it
+            if stage == Stage.BENCH:  # passed earlier (e.g. before a restart): reuse it
                 last = done[-1]
-                bench_eid = last.id
-                bench_result = StageResult(status="passed", ms=last.ms, baseline_ms=last.baseline_ms,
+                bench_result = StageResult(status=EvaluationStatus.PASSED, ms=last.ms, baseline_ms=last.baseline_ms,
                                            speedup=last.speedup, spread=last.spread, metrics=last.metrics)
             continue
         assert result is not None
-        if result.status == "failed":
+        if result.status == EvaluationStatus.FAILED:
             return PipelineOutcome(candidate_id=cand.id, passed=False, stage=stage,
                                    failure_kind=result.failure_kind, message=result.message)
-        if stage == "bench":
-            bench_result, bench_eid = result, eid
-    return PipelineOutcome(candidate_id=cand.id, passed=True, bench=bench_result, bench_eval_id=bench_eid)
+        if stage == Stage.BENCH:
+            bench_result = result
+    return PipelineOutcome(candidate_id=cand.id, passed=True, bench=bench_result)

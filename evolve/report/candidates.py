@@ -11,6 +11,7 @@ from typing import Any
 
 from evolve.db.records import Candidate, Evaluation, Promotion
 from evolve.population import Population
+from evolve.vocabulary import EvaluationStatus, Stage
 
 LOG_TAIL_CHARS = 16 * 1024     # per stream in the report; `evolve show ID --logs` has them whole
 LINEAGE_DEPTH = 8
@@ -127,7 +128,7 @@ def _lineage(cid: int, by_id: Mapping[int, Candidate], speed: Mapping[int, float
 
 
 def _ncu(evaluations: list[Evaluation]) -> tuple[list[dict[str, Any]], list[str]]:
-    done = [e for e in evaluations if e.stage == "ncu" and e.status == "passed"]
+    done = [e for e in evaluations if e.stage == Stage.NCU and e.status == EvaluationStatus.PASSED]
     kernels = done[-1].metrics.get("kernels") if done else None
     if not isinstance(kernels, list):
         return [], []
@@ -137,7 +138,7 @@ def _ncu(evaluations: list[Evaluation]) -> tuple[list[dict[str, Any]], list[str]
 
 
 def _iket(evaluations: list[Evaluation]) -> list[IketTable]:
-    done = [e for e in evaluations if e.stage == "iket" and e.status == "passed"]
+    done = [e for e in evaluations if e.stage == Stage.IKET and e.status == EvaluationStatus.PASSED]
     traces = done[-1].metrics.get("traces") if done else None
     if not isinstance(traces, dict):
         return []

@@ -9,22 +9,24 @@ from dataclasses import dataclass
 
 from evolve.db.records import EvaluationSummary, Promotion
 from evolve.report.plots import Point
+from evolve.vocabulary import VERDICTS, EvaluationStatus, Stage
 
-STAGE_ORDER = ("check", "gputest", "iket", "ncu", "bench", "confirm", "rebench")
+_STAGE_ORDER = {str(s): n for n, s in enumerate(Stage)}
 
 
 def stage_rank(stage: str) -> tuple[int, str]:
-    return (STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER), stage)
+    # Pipeline order, then any stage an older version recorded, by name.
+    return (_STAGE_ORDER.get(stage, len(_STAGE_ORDER)), stage)
 
 
 def best_so_far(evaluations: Sequence[EvaluationSummary], promotions: Sequence[Promotion],
-                ranked_stage: str = "bench") -> tuple[list[Point], list[Point]]:
+                ranked_stage: Stage = Stage.BENCH) -> tuple[list[Point], list[Point]]:
     """The confirmed best as the search went: (by finished evaluation count, by hours).
 
     One point per promotion, at its last confirmation run, valued at the promoted
     candidate's best bench speedup: an unconfirmed bench (one lucky run) never moves it."""
     finished = sorted(
-        (e for e in evaluations if e.ended_at is not None and e.status in ("passed", "failed")),
+        (e for e in evaluations if e.ended_at is not None and e.status in VERDICTS),
         key=lambda e: (e.ended_at, e.id),  # type: ignore[return-value]
     )
     if not finished:
@@ -33,7 +35,7 @@ def best_so_far(evaluations: Sequence[EvaluationSummary], promotions: Sequence[P
     ended = {e.id: e.ended_at for e in finished}
     speed: dict[int, float] = {}
     for e in finished:
-        if e.stage == ranked_stage and e.status == "passed" and e.speedup is not None:
+        if e.stage == ranked_stage and e.status == EvaluationStatus.PASSED and e.speedup is not None:
             speed[e.candidate_id] = max(e.speedup, speed.get(e.candidate_id, e.speedup))
     origin = min(e.started_at for e in evaluations)
     by_count: list[Point] = []
@@ -76,8 +78,9 @@ def stage_timing(evaluations: Sequence[EvaluationSummary]) -> list[StageTiming]:
         lease = [e.lease_held_ms for e in evs if e.lease_held_ms is not None]
         statuses = Counter(e.status for e in evs)
         rows.append(StageTiming(
-            stage=stage, count=len(evs), passed=statuses["passed"], failed=statuses["failed"],
-            other=statuses["running"] + statuses["interrupted"],
+            stage=stage, count=len(evs),
+            passed=statuses[EvaluationStatus.PASSED], failed=statuses[EvaluationStatus.FAILED],
+            other=statuses[EvaluationStatus.RUNNING] + statuses[EvaluationStatus.INTERRUPTED],
             median_s=statistics.median(durations) if durations else None,
             p90_s=durations[min(len(durations) - 1, int(0.9 * len(durations)))] if durations else None,
             total_s=sum(durations),
@@ -94,7 +97,7 @@ class FailureTable:
 
 
 def failure_table(evaluations: Sequence[EvaluationSummary]) -> FailureTable:
-    failures = Counter((e.stage, e.failure_kind or "?") for e in evaluations if e.status == "failed")
+    failures = Counter((e.stage, e.failure_kind or "?") for e in evaluations if e.status == EvaluationStatus.FAILED)
     stages = sorted({s for s, _ in failures}, key=stage_rank)
     kinds = sorted({k for _, k in failures})
     return FailureTable(stages, [(k, [failures.get((s, k), 0) for s in stages],

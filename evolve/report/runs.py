@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from evolve.breaker import failure_signature
 from evolve.db.records import Evaluation, Promotion, Run, RunThroughput
 from evolve.population import Population
+from evolve.vocabulary import EvaluationStatus, Stage
 
-CONFIRM_STAGE = "confirm"
 EXAMPLES = 5
 
 
@@ -64,8 +64,8 @@ def run_sections(pop: Population, workload_id: int | None, promotions: list[Prom
     by_eval = {eid: p for p in promotions for eid in p.confirmation_eval_ids}
     sections = []
     for run in runs:
-        failed = pop.evaluations_of(workload_id, status="failed", run_id=run.id)
-        confirms = pop.evaluations_of(workload_id, stage=CONFIRM_STAGE, run_id=run.id)
+        failed = pop.evaluations_of(workload_id, status=EvaluationStatus.FAILED, run_id=run.id)
+        confirms = pop.evaluations_of(workload_id, stage=Stage.CONFIRM, run_id=run.id)
         sections.append(RunSection(
             run=run, config=json.dumps(run.config, indent=2, sort_keys=True, default=str),
             throughput=throughput.get(run.id), failures=_failures(failed),

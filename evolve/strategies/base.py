@@ -29,15 +29,12 @@ class Parent(BaseModel):
 
 class Failed(BaseModel):
     """A candidate of a family whose pipeline failed in a way the point itself causes
-    (`INFEASIBLE_KINDS`): a model learns to avoid its neighbourhood; it never breeds."""
+    (`evolve.vocabulary.INFEASIBLE_KINDS`): a model learns to avoid its neighbourhood; it
+    never breeds."""
     id: int
     family: str
     params: dict[str, Value]
     kind: str
-
-
-# Failure kinds that say something about the point (not about the server or the network).
-INFEASIBLE_KINDS = ("check", "compile", "import", "correctness", "holdout", "runtime", "timeout", "resources")
 
 
 class Proposal(BaseModel):

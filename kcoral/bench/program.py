@@ -14,6 +14,7 @@ def bench_program(runner_source: str, archive: bytes, namespace: str, count: int
     client supplies the seeds because the server lacks the builtin)."""
     p = Program()
     module = p.upload(kind="module", source=runner_source)
+    assert module is not None  # only file uploads have no register
     fn = p.get_function(module=module, name="bench", cpu_only=False)
     blob = p.upload(kind="bytes", value=archive)
     seeds_reg: Register | None = None

@@ -10,6 +10,7 @@ from typing import Any
 
 from kcoral.capabilities import HOLDOUT_SEEDS, capabilities_of
 from kcoral.errors import OutcomeUnknown, RemoteError
+from kcoral.protocol.error_kind import ErrorKind
 from kcoral.remote import server_max_timeout
 
 from .program import bench_program
@@ -41,7 +42,7 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
     timeout = min(float(timeout), server_max_timeout(client))
     needs_gpu = gpu_missing(client, wl.spec)
     if needs_gpu:
-        return BenchReport.failure("unavailable", needs_gpu, candidate=_candidate_label(wl.root, cand),
+        return BenchReport.failure(ErrorKind.UNAVAILABLE, needs_gpu, candidate=_candidate_label(wl.root, cand),
                                    workload=wl.name)
     server_seeds = holdout_on_server(client)
     options = {
@@ -56,7 +57,7 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
     try:
         outcome = client.execute(program, timeout_seconds=timeout)
         if (outcome.status == "FAILED" and outcome.error is not None and seeds_reg is not None
-                and outcome.error.instruction_id == seeds_reg.id and outcome.error.kind == "unavailable"):
+                and outcome.error.instruction_id == seeds_reg.id and outcome.error.kind == ErrorKind.UNAVAILABLE):
             # A server that announced the builtin but cannot serve it: draw seeds here and say so.
             options["holdout_source"] = "client"
             program, _ = bench_program(source, archive, wl.holdout_namespace, wl.holdout_count, options,
@@ -65,7 +66,7 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
     except OutcomeUnknown:
         raise   # not a verdict on the candidate: the caller decides whether to run it again
     except RemoteError as exc:
-        kind = "timeout" if exc.kind == "timeout" else "transport"
+        kind = ErrorKind.TIMEOUT if exc.kind == ErrorKind.TIMEOUT else ErrorKind.TRANSPORT
         return BenchReport.failure(kind, f"{exc.kind}: {exc.message}", candidate=options["candidate_name"],
                                    workload=wl.name, request_id=exc.request_id or "")
     meta = dict(request_id=outcome.request_id, server_instance=outcome.server_instance, gpu=outcome.gpu,
@@ -73,25 +74,25 @@ def run_bench(client: Any, workload_dir: str | Path, candidate_dir: str | Path,
                 queue_ms=outcome.queue_ms, lease_held_ms=outcome.lease_held_ms)
     if outcome.status == "FAILED":
         err = outcome.error
-        kind = {"timeout": "timeout", "unavailable": "unavailable"}.get(err.kind if err else "", "runtime")
+        kind = err.kind if err is not None and err.kind in (ErrorKind.TIMEOUT, ErrorKind.UNAVAILABLE) else ErrorKind.RUNTIME
         return BenchReport.failure(kind, f"{err.kind if err else 'engine'}: {err.message if err else ''}",
                                    candidate=options["candidate_name"], workload=wl.name, **meta)
     result = outcome.results.get("bench")
     if not isinstance(result, dict):
-        return BenchReport.failure("transport", f"the runner returned {type(result).__name__}, not a dict",
+        return BenchReport.failure(ErrorKind.TRANSPORT, f"the runner returned {type(result).__name__}, not a dict",
                                    candidate=options["candidate_name"], workload=wl.name, **meta)
     log = str(result.get("log") or "")
     raw = result.get("report")
     if raw is None:
         if result.get("timed_out"):
-            kind, msg = "timeout", f"the judge ran past {options['timeout_s']:.0f} s and was stopped"
+            kind, msg = ErrorKind.TIMEOUT, f"the judge ran past {options['timeout_s']:.0f} s and was stopped"
         else:
-            kind, msg = "runtime", str(result.get("runner_error") or "the judge produced no report")
+            kind, msg = ErrorKind.RUNTIME, str(result.get("runner_error") or "the judge produced no report")
         return BenchReport.failure(kind, msg, candidate=options["candidate_name"], workload=wl.name,
                                    log=log, **meta)
     rep = BenchReport.from_judge(raw, log=log, **meta)
     if result.get("timed_out") and rep.passed:
-        rep = rep.model_copy(update={"passed": False, "failure_kind": "timeout"})
+        rep = rep.model_copy(update={"passed": False, "failure_kind": ErrorKind.TIMEOUT})
     return rep
 
 

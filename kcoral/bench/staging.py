@@ -1,7 +1,8 @@
 """Finding a workload's parts and staging the files a bench or gputest sends.
 
 Bench archive layout (what the server-side runner expects):
-    judge/            the judge package (shared by the KDA workloads)
+    judge/            the judge package (shared by the KDA workloads), with kcoral's
+                      sandbox helpers beside it as judge/sandboxed.py
     workload.json     the workload spec
     candidate/        the candidate directory, whole
     against/          (optional) the candidate timed in the baseline slot
@@ -15,13 +16,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcoral.archive import pack_directory
+from kcoral.errors import KcoralError
 from kcoral import workloads
+from kcoral.archive import pack_directory
+from kcoral.runners import bench_runner_source, sandboxed_source
 
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".git")
 
 
-class BenchInputError(ValueError):
+class BenchInputError(KcoralError, ValueError):
     """A workload or candidate path that cannot be benchmarked; the message says why."""
 
 
@@ -74,13 +77,15 @@ def resolve_candidate(workload: Workload, candidate: str | Path) -> Path:
 
 
 def runner_source(workload: Workload) -> str:
-    return (workload.judge_dir / "runner.py").read_text()
+    return bench_runner_source((workload.judge_dir / "runner.py").read_text())
 
 
 def stage(workload: Workload, dest: Path, candidate: Path, against: Path | None = None,
           with_gputest: bool = False) -> Path:
     """Copy what the server needs into dest (a fresh directory); return dest."""
     shutil.copytree(workload.judge_dir, dest / "judge", ignore=IGNORED)
+    # A stock server has no kcoral: the judge imports this copy (judge/__init__.py).
+    (dest / "judge" / "sandboxed.py").write_text(sandboxed_source(), encoding="utf-8")
     shutil.copyfile(workload.root / "workload.json", dest / "workload.json")
     shutil.copytree(candidate, dest / "candidate", ignore=IGNORED)
     if against is not None:

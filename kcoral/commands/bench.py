@@ -9,10 +9,12 @@ from typing import Any
 
 from kcoral.cli import EXIT_TIMEOUT, EXIT_TOOL_FAILURE, EXIT_USAGE, add_remote_options, fail, make_client
 from kcoral.progress import Ticker
+from kcoral.protocol.error_kind import ErrorKind
 
 EXIT_FAILED = 1  # the candidate failed a check (holdout, correctness, flaky, import, runtime)
 # Failures that say nothing about the candidate: the bench could not be carried out.
-TOOL_FAILURES = {"transport": EXIT_TOOL_FAILURE, "unavailable": EXIT_TOOL_FAILURE, "timeout": EXIT_TIMEOUT}
+TOOL_FAILURES = {ErrorKind.TRANSPORT: EXIT_TOOL_FAILURE, ErrorKind.UNAVAILABLE: EXIT_TOOL_FAILURE,
+                 ErrorKind.TIMEOUT: EXIT_TIMEOUT}
 
 
 def register(subparsers: Any) -> None:
@@ -33,7 +35,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kcoral.bench import BenchInputError, format_lines, run_bench
-    from kcoral.remote import ToolInputError
+    from kcoral.errors import ToolInputError
 
     if args.timeout <= 0:
         return fail("--timeout must be positive", EXIT_USAGE)
@@ -56,4 +58,5 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if rep.passed:
         return 0
-    return TOOL_FAILURES.get(rep.failure_kind or "", EXIT_FAILED)
+    kind = ErrorKind.of(rep.failure_kind or "")
+    return TOOL_FAILURES.get(kind, EXIT_FAILED) if isinstance(kind, ErrorKind) else EXIT_FAILED

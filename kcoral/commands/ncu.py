@@ -9,7 +9,8 @@ from typing import Any
 from kcoral.cli import add_remote_options, add_send_options, echo_run, exit_status, make_client
 from kcoral.ncu import format_table
 from kcoral.progress import Ticker
-from kcoral.remote import SendSpec, ToolInputError, parse_env, run_ncu
+from kcoral.errors import ToolInputError
+from kcoral.remote import SendSpec, parse_env, run_ncu
 
 
 def register(subparsers: Any) -> None:

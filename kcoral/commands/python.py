@@ -8,7 +8,8 @@ from typing import Any
 from kcoral.cli import (add_remote_options, add_send_options, echo_run, exit_status,
                         make_client, write_local_files)
 from kcoral.progress import Ticker
-from kcoral.remote import SendSpec, ToolInputError, parse_env, run_python
+from kcoral.errors import ToolInputError
+from kcoral.remote import SendSpec, parse_env, run_python
 
 
 def register(subparsers: Any) -> None:

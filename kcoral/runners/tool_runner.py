@@ -1,7 +1,7 @@
 """Remote side of the KCoral tools: runs inside a server worker, standard library only.
 
 Uploaded as part of a generated module (see ``kcoral.runners.bundle_source``) together
-with ``kcoral/archive.py`` and ``kcoral/iket.py``, so it must work on a stock KCoral
+with ``sandboxed.py`` and ``kcoral/iket.py``, so it must work on a stock KCoral
 server that has no ``kcoral`` package. Entry points (each returns a plain dict, which
 the protocol carries as a typed value; bytes travel as binary parts):
 
@@ -14,26 +14,23 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import time
 
 try:  # inside the uploaded bundle the sibling files are injected by the prelude
-    _archive = _KCORAL_EMBEDDED["archive"]  # type: ignore[name-defined]  # noqa: F821
-    _iket = _KCORAL_EMBEDDED["iket"]  # type: ignore[name-defined]  # noqa: F821
+    _sandboxed = _KCORAL_EMBEDDED["sandboxed"]  # type: ignore[name-defined]
+    _iket = _KCORAL_EMBEDDED["iket"]  # type: ignore[name-defined]
 except NameError:  # imported as a normal module (tests, local use)
-    from kcoral import archive as _archive
     from kcoral import iket as _iket
+    from kcoral.runners import sandboxed as _sandboxed
 
 # Never taken from the client: the server assigns the GPU through its own environment.
 # CUDA_DEVICE_ORDER too: it changes which GPU an index in CUDA_VISIBLE_DEVICES names.
 REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
 DEFAULT_OUTPUT_CAP = 4 << 20  # bytes of stdout and of stderr kept per run
 DEFAULT_FILES_CAP = 512 << 20  # bytes of collected output files per run
-KILL_GRACE_S = 3.0
 
 
 class RunnerError(RuntimeError):
@@ -107,7 +104,7 @@ def _run(cmd: list[str], cwd: str, env: dict[str, str], timeout: float,
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            code = _kill_tree(proc)
+            code = _sandboxed.kill_tree(proc)
     stdout, out_trunc = _read_capped(out_path, output_cap)
     stderr, err_trunc = _read_capped(err_path, output_cap)
     return {"exit_code": code, "timed_out": timed_out, "stdout": stdout, "stderr": stderr,
@@ -115,53 +112,10 @@ def _run(cmd: list[str], cwd: str, env: dict[str, str], timeout: float,
             "elapsed_s": round(time.monotonic() - started, 3)}
 
 
-def _descendants(root: int) -> list[int]:
-    """Every live descendant of ``root`` (Linux /proc; none found elsewhere)."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out: list[int] = []
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            out.append(child)
-            stack.append(child)
-    return out
-
-
-def _kill_tree(proc: subprocess.Popen) -> int:
-    # SIGTERM to the app and everything it started, then SIGKILL to whatever is left
-    # (children orphaned by the first round are remembered from the snapshot).
-    victims: set[int] = set()
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        victims.update([proc.pid] + _descendants(proc.pid))
-        for pid in victims:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            return proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.wait()
-
-
 def _normalize_output(path: str) -> str:
     try:
-        return _archive.normalize_member_path(path)
-    except _archive.ArchiveError as exc:
+        return _sandboxed.normalize_path(path, allow_root=True)
+    except _sandboxed.PathError as exc:
         raise RunnerError(f"bad output path {path!r}: {exc}") from None
 
 
@@ -202,9 +156,9 @@ def _collect(run_dir: str, wanted: list[str], cap: int) -> dict:
         else:
             items = [rel]
         for item in sorted(items):
-            p = os.path.join(run_dir, *item.split("/"))
-            fd = None if os.path.islink(p) else _open_regular(run_dir, item)
-            if fd is None:
+            try:  # the app's leftover children may swap a checked path for a link
+                fd = _sandboxed.open_read_under(run_dir, item)
+            except OSError:  # a link on the way, or not a regular file
                 refused.append(item)
                 continue
             with os.fdopen(fd, "rb") as fh:
@@ -213,35 +167,6 @@ def _collect(run_dir: str, wanted: list[str], cap: int) -> dict:
                     raise RunnerError(f"output files exceed the limit of {cap} bytes at {item!r}")
                 files[item] = fh.read()
     return {"files": files, "missing": missing, "refused": refused}
-
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
-
-
-def _open_regular(run_dir: str, rel: str) -> int | None:
-    """An fd for the regular file run_dir/rel, opened one component at a time without
-    following links (the app's leftover children may swap a checked path for a link),
-    or None when any component is a link or the file is not regular."""
-    parts = rel.split("/")
-    try:
-        dfd = os.open(run_dir, _DIR_FLAGS)
-    except OSError:
-        return None
-    try:
-        for part in parts[:-1]:
-            nfd = os.open(part, _DIR_FLAGS, dir_fd=dfd)
-            os.close(dfd)
-            dfd = nfd
-        fd = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dfd)
-    except OSError:
-        return None
-    finally:
-        os.close(dfd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
 
 
 class _Workspace:
@@ -254,11 +179,11 @@ class _Workspace:
         self.scratch = os.path.join(self.base, "scratch")
         os.mkdir(self.run_dir)
         os.mkdir(self.scratch)
-        limit = spec.get("max_archive_bytes") or _archive.DEFAULT_MAX_TOTAL_BYTES
+        limit = spec.get("max_archive_bytes") or _sandboxed.DEFAULT_MAX_TOTAL_BYTES
         try:
             if archive:
-                _archive.safe_unpack(archive, self.run_dir, max_total_bytes=int(limit))
-        except _archive.ArchiveError as exc:
+                _sandboxed.safe_unpack(archive, self.run_dir, max_total_bytes=int(limit))
+        except _sandboxed.ArchiveError as exc:
             self.close()
             raise RunnerError(f"refused the sent archive: {exc}") from None
         except BaseException:
@@ -397,8 +322,7 @@ def run_ncu(archive: bytes, spec: dict) -> dict:
         result["csv"] = None
         result["import_stderr"] = ""
         if os.path.isfile(report):
-            with open(report, "rb") as fh:
-                result["report"] = fh.read()
+            result["report"] = _read_under(ws.base, "scratch/report.ncu-rep")
             left = max(5.0, deadline - time.monotonic())
             imp = _run([ncu, "--import", report, "--page", "raw", "--csv", "--print-units",
                         "base", "--metrics", ",".join(_merge_metrics(ncu_args, metrics)[1])],
@@ -408,6 +332,17 @@ def run_ncu(archive: bytes, spec: dict) -> dict:
             result["import_stderr"] = imp["stderr"]
     result["ignored_env"] = ignored
     return result
+
+
+def _read_under(base: str, rel: str) -> bytes | None:
+    """A file the app wrote, or None if it is not a regular file: the app shares the
+    workspace, so a link it put in place of the file, or of its folder, is not followed."""
+    try:
+        fd = _sandboxed.open_read_under(base, rel)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
 
 
 def _fresh(parent: str, name: str) -> str:
@@ -437,10 +372,11 @@ def run_iket(archive: bytes, spec: dict) -> dict:
         errors: dict[str, str] = {}
         total = 0
         for kernel, (bin_name, meta_name) in sorted(pairs.items()):
-            with open(os.path.join(iket_dir, bin_name), "rb") as fh:
-                bin_bytes = fh.read()
-            with open(os.path.join(iket_dir, meta_name), "rb") as fh:
-                meta_bytes = fh.read()
+            bin_bytes = _read_under(ws.base, "iket/" + bin_name)
+            meta_bytes = _read_under(ws.base, "iket/" + meta_name)
+            if bin_bytes is None or meta_bytes is None:
+                errors[kernel] = "its files are not regular files (a link?): not read"
+                continue
             try:
                 trace = _iket.convert_pair(bin_bytes, meta_bytes)
             except _iket.IketError as exc:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kcoral.errors import KcoralError
+
 BUILTIN = Path(__file__).resolve().parent
 SPEC = "workload.json"
 
 
-class WorkloadNotFound(LookupError):
+class WorkloadNotFound(KcoralError, LookupError):
     """Neither a workload folder at that path nor a built-in workload of that name."""
 
 

@@ -149,7 +149,7 @@ def benchmark(fn: Any, args_list: Any = None, opts: Any = None) -> dict[str, Any
         fn(*args)
         ends[i].record()
     ends[-1].synchronize()
-    return latency_stats([xp.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])
+    return latency_stats([xp.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends, strict=True)])
 
 
 def check_close(a: Any, b: Any, opts: Any = None) -> dict[str, Any]:

@@ -17,11 +17,14 @@ reruns it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Message
 
 import grpc
 
@@ -36,7 +39,7 @@ _SLOT_METHOD = "/kcoral.gateway.v1.RouterGateway/ConnectSlot"
 _SUPERVISOR_METHOD = "/kcoral.gateway.v1.RouterGateway/ConnectSupervisor"
 _BODY_END = object()
 
-ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+# Starlette's own ASGI signature (scope, receive, send), so its app is one without a cast
 
 
 class Backoff:
@@ -74,7 +77,7 @@ class _TunnelRequest:
         self.body_ended = False
         self.response_done = False
 
-    async def receive(self) -> dict:
+    async def receive(self) -> Message:
         if not self.body_ended or not self.body.empty():
             getter = asyncio.ensure_future(self.body.get())
             waiter = asyncio.ensure_future(self.gone.wait())
@@ -116,6 +119,10 @@ class RouterNode:
         self._active: dict[int, asyncio.Task[None]] = {}
 
     # ------------------------------------------------------------------ lifecycle
+    def _forget(self, index: int, _task: "asyncio.Task[None]") -> None:
+        # a finished slot's task leaves the table drain() waits on
+        self._active.pop(index, None)
+
     async def start(self) -> None:
         options = [("grpc.max_send_message_length", GRPC_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES),
@@ -268,14 +275,15 @@ class RouterNode:
                         current = _TunnelRequest(frame.request_id)
                         serving = asyncio.ensure_future(self._serve(call, frame.request_head, current))
                         self._active[index] = serving
-                        serving.add_done_callback(lambda _t, i=index: self._active.pop(i, None))
+                        serving.add_done_callback(functools.partial(self._forget, index))
                     elif kind in ("data", "end", "cancel") and current is not None \
                             and frame.request_id == current.request_id:
                         if kind == "cancel":
                             log_event("tunnel_cancelled", node_id=self.node_id, slot=index,
                                       router_request_id=current.request_id, reason=frame.cancel.reason)
                             current.gone.set()
-                            await asyncio.wait({serving})
+                            if serving is not None:
+                                await asyncio.wait({serving})
                             return True
                         if current.body_ended:
                             raise ConnectionError("the router sent body data after its end")
@@ -307,7 +315,7 @@ class RouterNode:
     async def _serve(self, call: Any, head: pb.RequestHead, req: _TunnelRequest) -> None:
         started = False
 
-        async def send(message: dict) -> None:
+        async def send(message: Message) -> None:
             nonlocal started
             if req.gone.is_set():
                 return

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from kcoral.capabilities import UNKNOWN, ServerCapabilities
-from kcoral.compat import UnsupportedByServer, adapt_program, cuda_module_source
+from kcoral.compat import adapt_program, cuda_module_source
+from kcoral.errors import UnsupportedByServer
 from kcoral.program import Program
 
 OURS = ServerCapabilities(ours=True, extensions=frozenset({"builtins", "max_timeout_3600"}))

@@ -13,7 +13,8 @@ from tests.gpu import gpu_available
 
 from kcoral import Client, Program
 from kcoral.extensions import HEADER, OptIn
-from kcoral.wire import dumps, encode_multipart
+from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.strict_json import dumps
 from tests.server.helpers import sha
 from tests.serverproc import ServerProcess
 

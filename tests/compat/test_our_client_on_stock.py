@@ -17,8 +17,9 @@ import pytest
 
 from kcoral import Client, Program
 from kcoral.cli import main
-from kcoral.compat import UnsupportedByServer
-from kcoral.wire import loads_strict, parse_multipart
+from kcoral.errors import UnsupportedByServer
+from kcoral.protocol.multipart import parse_multipart
+from kcoral.protocol.strict_json import loads_strict
 from tests.compat.stock_for_client import STOCK_VERSIONS, StockServer, install
 
 REPO = Path(__file__).resolve().parents[2]

@@ -39,7 +39,7 @@ def open_fresh(url: str, name: str, start: Any, results: Any) -> None:
     try:
         pop = Population(open_database(url))
         results.put(("ok", pop.ensure_workload(name, f"kcoral/workloads/kda/{name}")))
-    except Exception as exc:  # reported to the test, which fails with the message
+    except Exception as exc:  # noqa: BLE001 - reported to the test, which fails with the message
         results.put(("error", repr(exc)))
 
 

@@ -28,7 +28,7 @@ def workload(pop: Population) -> int:
 def make_candidate(pop: Population, workload_id: int, digest: str, **fields: object) -> int:
     fields.setdefault("origin", "template")
     fields.setdefault("directory", f"kcoral/workloads/kda/forward_cpu_small/gen/{digest}")
-    cand, _ = pop.add_candidate(NewCandidate(workload_id=workload_id, digest=digest, **fields))  # type: ignore[arg-type]
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=workload_id, digest=digest, **fields))
     return cand.id
 
 

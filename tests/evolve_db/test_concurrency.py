@@ -68,7 +68,7 @@ def test_concurrent_registers_and_a_busy_writer_lose_nothing(tmp_path: Path, db_
     stop.touch()
     writer.join(timeout=60)
     assert writer.exitcode == 0
-    for (out, err), p in zip(outputs, regs):
+    for (_, err), p in zip(outputs, regs):
         assert p.returncode == 0, err
         assert "locked" not in err
     printed = sorted(int(out.split()[0]) for out, _ in outputs)

@@ -230,12 +230,12 @@ def test_run_throughput_counts_finished_stages_of_that_run(pop: Population, work
         s.execute(update(RunModel).where(RunModel.id == ids["run"]).values(
             started_at=utcnow() - timedelta(minutes=10), heartbeat_at=utcnow()))
     run = next(r for r in pop.runs(workload) if r.id == ids["run"])
-    tp = pop.run_throughput(run)
+    tp = pop.run_throughputs([run])[run.id]
     assert (tp.stages, tp.benched) == (10, 3)
     assert abs(tp.lease_held_s - 2.7) < 1e-9
     assert abs(tp.wall_s - 600) < 5 and abs(tp.benched_per_hour - 18) < 0.2
     running = next(r for r in pop.runs(workload) if r.id == other)
-    assert pop.run_throughput(running).stages == 0   # its one stage is still running
+    assert pop.run_throughputs([running])[running.id].stages == 0   # its one stage is still running
 
 
 def test_a_dead_run_ends_at_its_last_heartbeat_and_its_interrupted_stages_do_not_count(
@@ -252,6 +252,6 @@ def test_a_dead_run_ends_at_its_last_heartbeat_and_its_interrupted_stages_do_not
     assert pop.finish_run(run_id, "interrupted", dead=True)
     run = pop.run(run_id)
     assert run is not None and run.state == "interrupted"
-    tp = pop.run_throughput(run)
+    tp = pop.run_throughputs([run])[run.id]
     assert abs(tp.wall_s - 600) < 1          # not two days
     assert (tp.stages, tp.benched) == (0, 0)  # the interrupted bench is no verdict

@@ -203,7 +203,7 @@ def test_the_loop_retries_what_a_lost_worker_held_once(pop: Population, workload
 
     loop = object.__new__(SearchLoop)     # only its population is used here
     loop.pop = pop
-    usable = lambda cand: __import__("pathlib").Path(cand.directory).is_dir()  # noqa: E731
+    usable = lambda cand: __import__("pathlib").Path(cand.directory).is_dir()
     jobs = SearchLoop._reclaim(loop, run, alive, usable)
     assert [(j.candidate_id, j.retry_of) for j in jobs] == [(seen, {"bench": held})]
     assert SearchLoop._reclaim(loop, run, other, usable) == []     # already taken by the first

@@ -34,7 +34,7 @@ def make_inputs(T: int = 512, H: int = 4, K: int = 32, seed: int = 0) -> dict:
 
 def reference(data: dict) -> tuple[np.ndarray, np.ndarray]:
     """Token-by-token float64 recurrence: (output [1,T,H,V], final_state [1,H,V,K])."""
-    f = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    f = lambda x: np.asarray(x, dtype=np.float64)
     q, k, v, g, beta = (f(data[n])[0] for n in ("q", "k", "v", "g", "beta"))
     T, H, K = q.shape
     A = np.exp(f(data["A_log"]))

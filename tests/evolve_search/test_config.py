@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 
@@ -45,7 +45,7 @@ def test_stage_overrides_merge_with_defaults_and_deadline_is_utc(tmp_path):
     cfg = load_config(_write(tmp_path, '[stages.ncu]\nenabled = true\n[budget]\ndeadline = 2026-12-02T17:00:00\n'))
     assert cfg.stages["ncu"].enabled and cfg.stages["ncu"].app == ["python", "capture_ncu.py"]
     assert cfg.stages["bench"].timeout == 1500
-    assert cfg.budget.deadline.tzinfo == timezone.utc
+    assert cfg.budget.deadline.tzinfo == UTC
 
 
 @pytest.mark.parametrize("body, needle", [

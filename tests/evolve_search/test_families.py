@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import random
-import textwrap
 
 import pytest
 
-from evolve.families import Expression, ExpressionError, FamilyError, ParamsError, load_family
+from evolve.expression import Expression, ExpressionError
+from evolve.families import FamilyError, ParamsError, load_family
 from tests.evolve_search.conftest import NUMPY_FAMILY
 
 

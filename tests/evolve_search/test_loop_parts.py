@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import io
 
-from evolve.loop import Progress, server_concurrency
+from evolve.loop import server_concurrency
 from evolve.pipeline import RunStats
 from evolve.pipeline.errors import TransportTrouble, failure_kind, is_transport_error
 from evolve.promotion import decide
 from evolve.population import StageResult
+from evolve.run_progress import Progress
 from kcoral import RemoteError, TransportError
 
 

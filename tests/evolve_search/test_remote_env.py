@@ -11,7 +11,8 @@ import pytest
 
 from evolve.embedded import EmbeddedServer
 from kcoral import Client
-from kcoral.remote import SendSpec, ToolInputError, run_python
+from kcoral.errors import ToolInputError
+from kcoral.remote import SendSpec, run_python
 from tests.evolve_search.conftest import REPO
 from tests.evolve_search.helpers import cli_env
 

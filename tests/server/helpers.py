@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from kcoral import Program
-from kcoral.wire import encode_multipart
+from kcoral.protocol.multipart import encode_multipart
 
 
 def post_raw(url: str, parts: list[tuple[str, str, bytes]], headers: dict[str, str] | None = None,

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from kcoral import Cancelled, Client
-from kcoral.wire import dumps, encode_multipart
+from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.strict_json import dumps
 from tests.serverproc import REPO_ROOT, ServerProcess
 
 from .helpers import assert_gone_then_kill, function_program, processes_with_argv, unique_sleep

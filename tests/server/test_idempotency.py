@@ -58,7 +58,8 @@ def test_retry_after_dropped_connection_waits_for_the_running_attempt(server) ->
     headers = {"Idempotency-Key": "dropped-1"}
     with pytest.raises(httpx.ReadTimeout):
         post_timeout = httpx.Timeout(5.0, read=0.3)
-        from kcoral.wire import encode_multipart, dumps
+        from kcoral.protocol.multipart import encode_multipart
+        from kcoral.protocol.strict_json import dumps
 
         ctype, chunks = encode_multipart([("program", "application/json", dumps(prog))])
         httpx.post(f"{server.url}/execute", content=b"".join(chunks), headers={**headers, "Content-Type": ctype}, timeout=post_timeout)

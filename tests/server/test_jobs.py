@@ -5,7 +5,8 @@ import time
 
 import httpx
 
-from kcoral.wire import dumps, encode_multipart
+from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.strict_json import dumps
 
 from .helpers import function_program, sha
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from kcoral import Program
-from kcoral.wire import WireError, parse_program
+from kcoral.errors import WireError
+from kcoral.protocol.program import parse_program
 
 
 def test_program_builds_a_valid_wire_program() -> None:

@@ -46,7 +46,7 @@ def test_a_fifo_in_place_of_captured_stderr_does_not_hang_the_server() -> None:
 def _post(url: str, program: dict, timeout: float = 20) -> httpx.Response:
     import json
 
-    from kcoral.wire import encode_multipart
+    from kcoral.protocol.multipart import encode_multipart
 
     ctype, chunks = encode_multipart([("program", "application/json", json.dumps(program).encode())])
     return httpx.post(f"{url}/execute", content=b"".join(bytes(c) for c in chunks),

@@ -9,7 +9,7 @@ import pytest
 
 from kcoral import Client, FileValue, FolderValue, Program, RemoteError
 from kcoral.values import PartSink, decode_value, encode_value
-from kcoral.wire import WireError
+from kcoral.errors import WireError
 
 from .helpers import function_program, post_program, sha
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from kcoral import Client, Program
-from kcoral.wire import parse_program
+from kcoral.protocol.program import parse_program
 from tests.gpu import gpu_available
 from tests.serverproc import ServerProcess
 

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from kcoral.wire import WireError, encode_multipart, normalize_path, parse_multipart
+from kcoral.errors import WireError
+from kcoral.protocol.multipart import encode_multipart, parse_multipart
+from kcoral.protocol.paths import normalize_path
 from kcoral_server.blobs import BlobStore
 from kcoral_server.holdout import HoldoutSalt
 from kcoral_server.journal import Journal, StoredResponse
@@ -135,7 +137,7 @@ def test_client_request_body_parses_with_an_independent_multipart_parser() -> No
     """What the client sends must be plain multipart/form-data that any server can read."""
     from python_multipart.multipart import MultipartParser, parse_options_header
 
-    from kcoral.wire import encode_multipart
+    from kcoral.protocol.multipart import encode_multipart
 
     ctype, chunks = encode_multipart([("program", "application/json", b'{"instructions":[]}'),
                                       ("blob:" + "0" * 64, "application/octet-stream", b"\r\n--\x00")],

@@ -6,7 +6,9 @@ import json
 import httpx
 import pytest
 
-from kcoral.wire import MAX_OUTPUT_LIMIT, MAX_TIMEOUT_SECONDS, WireError, parse_program
+from kcoral.errors import WireError
+from kcoral.protocol.limits import MAX_OUTPUT_LIMIT, MAX_TIMEOUT_SECONDS
+from kcoral.protocol.program import parse_program
 from tests.serverproc import ServerProcess
 
 from .helpers import post_program, post_raw, sha

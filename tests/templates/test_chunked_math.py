@@ -58,7 +58,7 @@ def chunked(q, k, v, g, beta, A_log, dt_bias, S0, scale, C=64):
         for c in range(NC):
             n = min(C, T - c * C)
             rows = slice(c * C, c * C + n)
-            pad = lambda x: np.concatenate([x, np.zeros((C - n,) + x.shape[1:])])
+            pad = lambda x, n=n: np.concatenate([x, np.zeros((C - n,) + x.shape[1:])])
             qh, kh, a, b = (pad(x) for x in _gates(q[rows, h], k[rows, h], g[rows, h], beta[rows, h],
                                                    A_log, dt_bias, h))
             V = pad(v[rows, h])

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import TEMPLATES
 from .test_chunked_math import _inputs, recurrence
 from .test_fused_schedule import _judge, bf16
 

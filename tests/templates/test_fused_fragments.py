@@ -80,7 +80,7 @@ def rng():
 
 def test_load_b_nk_reads_the_transpose(rng):
     """B[k][n] = X[n0 + n][k0 + k] for X stored [N][K] (the w, qg and p tiles)."""
-    stride, N, Kd = 136, 64, 128
+    stride, N = 136, 64
     X = rng.normal(size=(N, stride))
     flat = X.reshape(-1)
     for k0, n0 in [(0, 0), (48, 16), (112, 48)]:

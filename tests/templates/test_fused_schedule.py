@@ -172,10 +172,10 @@ def emulate_fused(q, k, v, g, beta, A_log, dt_bias, S0, scale, *, v_block=128, p
             for c in range(NC):
                 n = min(C, T - c * C)
                 rows = slice(c * C, c * C + n)
-                pad = lambda x: np.concatenate([x, np.zeros((C - n,) + x.shape[1:])]).astype(f)
+                pad = lambda x, n=n: np.concatenate([x, np.zeros((C - n,) + x.shape[1:])]).astype(f)
                 qc, kc, gc_raw = pad(q[rows, h]), pad(k[rows, h]), pad(g[rows, h])
                 vc = pad(v[rows, h, vcol:vcol + v_block])
-                bc = pad((1.0 / (1.0 + np.exp(-beta[rows, h]))))
+                bc = pad(1.0 / (1.0 + np.exp(-beta[rows, h])))
                 qg, w, kd, ut, P, gcv = prep_chunk(num, qc, kc, vc, gc_raw, bc, ea, db, prep_warps, n)
                 # state warps
                 S0b = num.rnd(St)

@@ -33,7 +33,7 @@ def _host(data, name):
 
 
 @pytest.mark.parametrize("overrides", [
-    {},   # the defaults: wgmma state step, tiles prep, three ring slots, deferred stores
+    {},   # the defaults: wgmma state step, tiles prep, three ring slots, inline stores
     {"state_step": "cta", "prep_smem": "full", "stages": 1},
     {"state_step": "cta", "prep_smem": "full", "stages": 1, "v_block": 64, "state_warps": 4},
     {**WL, "prep_smem": "full"},
@@ -73,7 +73,7 @@ def test_matches_float64_recurrence(render_point, overrides, B, T):
 
 
 def test_iket_dump_matches_launch(render_point, tmp_path, monkeypatch):
-    cand, _ = render_point("two_pass", v_block=64, state_warps=4, state_step="cta")
+    cand, _ = render_point("two_pass", v_block=64, state_warps=4, state_step="cta", stages=2)
     monkeypatch.setenv("IKET", "1")
     monkeypatch.setenv("IKET_OUT", str(tmp_path))
     T, H = 130, 2

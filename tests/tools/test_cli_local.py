@@ -9,7 +9,8 @@ import pytest
 
 from kcoral import cli
 from kcoral.commands.status import status_line
-from kcoral.remote import SendSpec, ToolInputError, inner_timeout, pack_sends, parse_env
+from kcoral.errors import ToolInputError
+from kcoral.remote import SendSpec, inner_timeout, pack_sends, parse_env
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: nothing answers there
 
@@ -120,7 +121,7 @@ def test_status_line() -> None:
 
 def test_parser_skips_a_missing_command_module(monkeypatch) -> None:
     monkeypatch.setitem(cli.COMMANDS, "ghost", "ghost_command_that_does_not_exist")
-    names = cli.build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
+    names = cli.build_parser()._subparsers._group_actions[0].choices
     assert "python" in names and "ghost" not in names
 
 

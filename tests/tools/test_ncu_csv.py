@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kcoral.cli import main
-from kcoral.ncu import NcuError, NcuMetrics, format_table, load_metrics, parse_raw_csv
+from kcoral.errors import NcuError
+from kcoral.ncu import NcuMetrics, format_table, load_metrics, parse_raw_csv
 
 CSV = (Path(__file__).parent / "fixtures" / "ncu_raw_two_launches.csv").read_text()
 

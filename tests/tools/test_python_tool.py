@@ -12,7 +12,8 @@ import pytest
 
 from kcoral import Program
 from kcoral.cli import EXIT_TIMEOUT, EXIT_USAGE, main
-from kcoral.remote import SendSpec, ToolInputError, run_python
+from kcoral.errors import ToolInputError
+from kcoral.remote import SendSpec, run_python
 from kcoral.runners import bundle_source
 
 

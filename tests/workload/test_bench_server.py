@@ -10,7 +10,8 @@ import pytest
 
 from kcoral.bench import BenchReport, format_lines, run_bench
 from kcoral.cli import main as kcoral_main
-from kcoral.wire import ErrorInfo, Outcome
+from kcoral.outcome import Outcome
+from kcoral.protocol.error_info import ErrorInfo
 
 from .conftest import CPU_WORKLOAD, GPU_WORKLOAD, SALT, stage_broken
 

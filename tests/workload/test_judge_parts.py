@@ -175,7 +175,7 @@ def test_judge_process_is_not_dumpable_and_reaps_orphans():
         import os, sys, time
         sys.path.insert(0, sys.argv[1])
         from judge.hostproc import protect_judge, sweep_orphans
-        from judge.runner import children_by_parent
+        from judge.sandboxed import children_by_parent
         got = protect_judge()
         if os.fork() == 0:          # a double-forked daemon, as a host might leave
             if os.fork() == 0:

@@ -26,7 +26,7 @@ def rms_ratio(x, y):
 
 def by_hand(inp, scale):
     """The workload's math with plain loops, one head at a time (tiny shapes only)."""
-    f = lambda a: np.asarray(bf16_to_f32(np, a) if a.dtype.itemsize == 2 else a, np.float64)  # noqa: E731
+    f = lambda a: np.asarray(bf16_to_f32(np, a) if a.dtype.itemsize == 2 else a, np.float64)
     q, k, v, g, beta = (f(inp[n]) for n in ("q", "k", "v", "g", "beta"))
     B, T, H, K = q.shape
     V = v.shape[-1]

@@ -8,6 +8,7 @@ import tarfile
 import pytest
 
 from judge import runner
+from kcoral.runners.sandboxed import ArchiveError
 from kcoral.bench.staging import bench_archive, load_workload
 
 from .conftest import CPU_WORKLOAD
@@ -31,7 +32,7 @@ def tar_with(member: tarfile.TarInfo, data: bytes = b"") -> bytes:
     (lambda: tar_with(_link("candidate/solution.py", tarfile.LNKTYPE)), "link"),
 ])
 def test_unpack_refuses(tmp_path, make, why):
-    with pytest.raises(runner.UnpackError, match=why):
+    with pytest.raises(ArchiveError, match=why):
         runner.unpack(make(), str(tmp_path))
     assert not (tmp_path.parent / "escape.py").exists()
 

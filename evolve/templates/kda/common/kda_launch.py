@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy
 
@@ -44,7 +45,7 @@ def compile_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
     return ("-std=c++17", *(f"-D{d}" for d in defines))
 
 
-def load_module(path: Path, defines: tuple[str, ...] = (), *, arch_specific: bool = False):
+def load_module(path: Path, defines: tuple[str, ...] = (), *, arch_specific: bool = False) -> Any:
     """The compiled module of the source at ``path``.
 
     ``arch_specific``: the source uses instructions of one architecture only (Hopper's
@@ -88,14 +89,14 @@ def _arch_specific_cubin(src: str, opts: tuple[str, ...], key: str) -> Path:
     return cubin
 
 
-def get_kernel(module, name: str, smem_bytes: int):
+def get_kernel(module: Any, name: str, smem_bytes: int) -> Any:
     kern = module.get_function(name)
     if smem_bytes > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = smem_bytes
     return kern
 
 
-def ptr(a) -> numpy.uint64:
+def ptr(a: Any) -> numpy.uint64:
     """A device array as a raw pointer argument (bf16 arrays are read as raw bits)."""
     return numpy.uint64(a.data.ptr)
 
@@ -106,7 +107,7 @@ def _bf16_dtype():
 
         cupy.empty(1, dtype=ml_dtypes.bfloat16)
         return ml_dtypes.bfloat16
-    except Exception:  # an older CuPy without bfloat16: keep raw uint16 bits
+    except Exception:  # noqa: BLE001 - an older CuPy without bfloat16: keep raw uint16 bits
         return cupy.uint16
 
 

@@ -11,15 +11,21 @@
 // A bf16 tile of ROWS rows x COLS columns, stored as COLS / 64 column panels of ROWS x 128 B;
 // inside a panel the 16-byte piece j of row r sits at piece j ^ (r % 8) (the hardware's
 // 128-byte swizzle, so a panel must start on a 1024-byte boundary). Loaded by cp.async.
-template <int ROWS, int COLS, int NTH>
-__device__ __forceinline__ void tile_cp_async_sw128(unsigned char* s, const bf16_t* g, long gstride, int tid) {
+// A thread copies the pieces j = tid % PIECES of rows tid / PIECES + RSTEP n: with RSTEP a
+// multiple of 8 its swizzled column is the same in every row, so each copy is one base
+// address plus a constant (per-piece division and swizzle arithmetic was most of the
+// state kernel's integer work).
+template <int ROWS, int COLS, int NTH, int GSTRIDE>
+__device__ __forceinline__ void tile_cp_async_sw128(unsigned char* s, const bf16_t* g, int tid) {
     static_assert(COLS % 64 == 0, "a swizzled tile is made of 64-column panels");
     constexpr int PIECES = COLS / 8;
-#pragma unroll 4
-    for (int i = tid; i < ROWS * PIECES; i += NTH) {
-        const int r = i / PIECES, j = i % PIECES;
-        cp_async16(s + (j >> 3) * ROWS * 128 + r * 128 + (((j & 7) ^ (r & 7)) << 4), g + r * gstride + j * 8);
-    }
+    constexpr int RSTEP = NTH / PIECES;
+    static_assert(NTH % PIECES == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "a thread keeps one swizzled column");
+    const int r0 = tid / PIECES, j = tid % PIECES;
+    unsigned char* dst = s + (j >> 3) * ROWS * 128 + r0 * 128 + (((j & 7) ^ (r0 & 7)) << 4);
+    const bf16_t* src = g + r0 * GSTRIDE + j * 8;
+#pragma unroll
+    for (int n = 0; n < ROWS / RSTEP; ++n) cp_async16(dst + n * RSTEP * 128, src + n * RSTEP * GSTRIDE);
 }
 
 // Shared-memory matrix descriptor of a 128-byte swizzled operand. K-major (the 16 k of one
@@ -29,6 +35,12 @@ __device__ __forceinline__ void tile_cp_async_sw128(unsigned char* s, const bf16
 __device__ __forceinline__ unsigned long long sw128_desc(const void* p, unsigned lead_bytes) {
     const unsigned long long addr = smem_addr(p);
     return ((addr & 0x3FFFF) >> 4) | (unsigned long long)(lead_bytes >> 4) << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
+}
+// The descriptor of the same operand `bytes` further on (a multiple of 16): the start
+// address is the low field, and shared memory ends below 256 KiB, so it cannot carry out.
+// Lets a loop build one descriptor per tile and step it with an add.
+__device__ __forceinline__ unsigned long long sw128_desc_at(unsigned long long desc, unsigned bytes) {
+    return desc + (bytes >> 4);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -7,14 +7,17 @@ Environment: T (default 2048), H (96), B (1), ITERS (1), SEED (0).
 import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import cupy
 
 HERE = Path(__file__).resolve().parent
 
 
-def _load(name):
+def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"_capture_{name}", HERE / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name}.py beside this script")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -30,10 +30,10 @@ class Backend:
         if self.device == "cuda":
             self.xp.cuda.Device().synchronize()
 
-    def asarray(self, host: np.ndarray):
+    def asarray(self, host: np.ndarray) -> Any:
         return self.xp.asarray(host) if self.device == "cuda" else np.ascontiguousarray(host)
 
-    def to_host(self, arr) -> np.ndarray:
+    def to_host(self, arr: Any) -> np.ndarray:
         return self.xp.asnumpy(arr) if self.device == "cuda" else np.asarray(arr)
 
     def now(self) -> float:
@@ -46,12 +46,12 @@ def make_backend(device: str) -> Backend:
 
         return Backend(xp=np, device="cpu", name=f"cpu ({platform.processor() or platform.machine()})")
     try:
-        import cupy  # noqa: F401
-    except Exception as exc:  # ImportError, or a CUDA library that fails to load
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a CUDA library that fails to load
         raise BackendUnavailable(f"CUDA workload but CuPy is not importable here: {exc}") from None
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the driver raises, there is no GPU to use
         raise BackendUnavailable(f"CUDA workload but no usable GPU: {exc}") from None
     if count < 1:
         raise BackendUnavailable("CUDA workload but no GPU is visible")
@@ -89,7 +89,7 @@ def bits_view(xp, x):
     return xp.ascontiguousarray(x).view(width)
 
 
-def poison(xp, x) -> None:
+def poison(xp: Any, x: Any) -> None:
     """Fill a float buffer with NaN in place."""
     if x.dtype == BF16:
         x.view(xp.uint16).fill(BF16_NAN_BITS)
@@ -97,7 +97,7 @@ def poison(xp, x) -> None:
         x.fill(float("nan"))
 
 
-def write_into(xp, dst, src) -> None:
+def write_into(xp: Any, dst: Any, src: Any) -> None:
     """Overwrite dst's contents in place with src (same shape), keeping dst's dtype."""
     if dst.dtype == BF16:
         src_bits = bits_view(xp, src) if src.dtype == BF16 else bf16_bits_from_f32(xp, src)

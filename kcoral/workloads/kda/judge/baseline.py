@@ -3,6 +3,8 @@ otherwise the workload's own fp32 chunked reference. Both expose the candidate i
 `setup(data, B, T, H) -> fn`."""
 from __future__ import annotations
 
+from typing import Callable
+
 from .backend import Backend, write_into
 from .harness import CandidateError
 from .reference import chunked_f32
@@ -16,7 +18,7 @@ class ReferenceBaseline:
         self.be, self.spec = be, spec
         self.name = f"reference (fp32 chunked, {'CuPy' if be.device == 'cuda' else 'NumPy'}, chunk {spec.chunk})"
 
-    def setup(self, data: dict, B: int, T: int, H: int, write_outputs: bool = True):
+    def setup(self, data: dict, B: int, T: int, H: int, write_outputs: bool = True) -> Callable[[], None]:
         be, spec = self.be, self.spec  # the reference always writes its outputs
 
         def fn() -> None:
@@ -56,7 +58,7 @@ class FlaBaseline:
             return torch.from_dlpack(arr.view(xp.int16)).view(torch.bfloat16)
         return torch.from_dlpack(arr)
 
-    def setup(self, data: dict, B: int, T: int, H: int, write_outputs: bool = False):
+    def setup(self, data: dict, B: int, T: int, H: int, write_outputs: bool = False) -> Callable[[], None]:
         torch, spec = self.torch, self.spec
         t = {n: self._t(data[n]) for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")}
         out_t = self._t(data["output"])
@@ -79,7 +81,7 @@ class FlaBaseline:
         return fn
 
 
-def make_baseline(be: Backend, spec: WorkloadSpec):
+def make_baseline(be: Backend, spec: WorkloadSpec) -> tuple[ReferenceBaseline | FlaBaseline, str]:
     """(baseline, note): the one the workload names. Never another in its place: a speedup
     over the fp32 reference (~100 ms on the H200) is not one over fla (~2.6 ms)."""
     if spec.baseline == "reference":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, TypeGuard
 
 from . import cpuclock
 from .backend import BF16, Backend, bits_view, poison, write_into
@@ -23,12 +23,12 @@ from .compare import check_output
 from .harness import CandidateError
 from .hostproc import HostProcess
 from .inputs import INPUT_NAMES
-from .memory import Arena, HostMemoryError, plan_bytes
+from .memory import Arena, Buffer, HostMemoryError, plan_bytes
 from .reference import chunked_f32, recurrence_f64
 from .spec import WorkloadSpec
 
 Inputs = dict  # name -> array, as inputs.py makes them
-MakeInputs = Callable[[], Inputs]  # regenerates one call's inputs from its seed
+MakeInputs = Callable[..., Inputs]  # regenerates one call's inputs from its seed (bound as lambda defaults)
 
 
 def input_layout(spec: WorkloadSpec, T: int) -> list[tuple[str, tuple[int, ...], object]]:
@@ -43,7 +43,8 @@ def output_layout(spec: WorkloadSpec, T: int) -> list[tuple[str, tuple[int, ...]
     return [("output", (spec.B, T, spec.H, spec.V), BF16), ("final_state", (spec.B, spec.H, spec.V, spec.K), "float32")]
 
 
-def _place(arena: Arena, host: HostProcess, sid: int, layouts: list[list[tuple[str, tuple, object]]]):
+def _place(arena: Arena, host: HostProcess, sid: int, layouts: list[list[tuple[str, tuple, object]]]
+           ) -> tuple[Buffer, list[tuple[dict[str, Any], dict[str, dict]]]]:
     """The host makes one buffer holding every layout, each as a contiguous block, and the
     judge maps it; returns (buffer, [(arrays, descriptors)])."""
     flat = [(shape, dt) for layout in layouts for _, shape, dt in layout]
@@ -56,7 +57,8 @@ def _place(arena: Arena, host: HostProcess, sid: int, layouts: list[list[tuple[s
     host.adopted.append(buf)
     out = []
     for layout in layouts:
-        arrays, descs = {}, {}
+        arrays: dict[str, Any] = {}
+        descs: dict[str, dict] = {}
         for name, shape, dt in layout:
             arrays[name], descs[name] = buf.take(shape, dt)
         out.append((arrays, descs))
@@ -150,7 +152,7 @@ class Session:
         return [n for n in INPUT_NAMES if not bool((bits_view(xp, self.inputs[n]) == bits_view(xp, last[n])).all())]
 
 
-def _is_ms(x) -> bool:
+def _is_ms(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .backend import BF16, as_f32
 from .spec import Tolerance
@@ -16,7 +17,7 @@ class Verdict:
     rms_ratio: float
 
 
-def check_output(xp, name: str, x, ref, tol: Tolerance) -> Verdict:
+def check_output(xp: Any, name: str, x: Any, ref: Any, tol: Tolerance) -> Verdict:
     """Per element: off iff |x-y| > abs_rms*RMS(y) and |x-y|/(|y|+1e-8) > rel; zero allowed.
     Per output: RMS(x-y)/(RMS(y)+1e-8) < rms_ratio. Non-finite elements count as off."""
     y = ref.astype(xp.float64) if ref.dtype != BF16 else as_f32(xp, ref).astype(xp.float64)

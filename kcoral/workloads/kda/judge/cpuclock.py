@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .runner import _descendants
+from . import sandboxed
 
 CPUCLOCK_SCHED = 2  # Linux: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), every thread of the process
 
@@ -50,7 +50,7 @@ def _process_cpu_ns(pid: int) -> int:
 
 def read() -> Reading:
     last = _last_pid()
-    pids = tuple(sorted(_descendants(os.getpid())))
+    pids = tuple(sorted(sandboxed.descendants(os.getpid())))
     total: int | None = 0
     try:
         total = sum(_process_cpu_ns(pid) for pid in pids)

@@ -8,6 +8,7 @@ import importlib.util
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 
 
 class CandidateError(Exception):
@@ -23,7 +24,7 @@ def tail(limit: int = 4000) -> str:
     return traceback.format_exc()[-limit:]
 
 
-def load_solution(cand_dir: Path, module_name: str = "kda_candidate"):
+def load_solution(cand_dir: Path, module_name: str = "kda_candidate") -> ModuleType:
     path = Path(cand_dir) / "solution.py"
     if not path.is_file():
         raise CandidateError("import", f"{Path(cand_dir).name}: no solution.py")
@@ -31,10 +32,12 @@ def load_solution(cand_dir: Path, module_name: str = "kda_candidate"):
     sys.path.insert(0, str(Path(cand_dir).resolve()))
     try:
         spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no loader for {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
-    except BaseException as exc:  # noqa: BLE001 - anything the candidate raises is its failure
+    except BaseException as exc:  # anything the candidate raises is its failure
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise CandidateError("import", f"importing solution.py failed:\n{tail()}") from None

@@ -32,11 +32,12 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from .backend import Backend, make_backend
 from .channel import Channel, ChannelClosed
 from .harness import CandidateError, load_solution, tail
-from .memory import export, place
+from .memory import Buffer, export, place
 from .preroll import Waiter
 
 PR_SET_NO_NEW_PRIVS = 38
@@ -62,22 +63,22 @@ class _NoOp:
     overhead."""
 
     @staticmethod
-    def setup(data, B, T, H):
+    def setup(data: dict, B: int, T: int, H: int) -> Callable[[], None]:
         return lambda: None
 
 
 class Session:
-    def __init__(self, buffer) -> None:
+    def __init__(self, buffer: Buffer) -> None:
         self.buffer = buffer  # memory.Buffer: this process's own, mapped by the judge
-        self.fn = None
+        self.fn: Any = None  # the candidate's setup() result, set by op_setup
         self.waiter: Waiter | None = None
 
 
 class Host:
     def __init__(self, chan: Channel, role: str, be: Backend) -> None:
         self.chan, self.role, self.be = chan, role, be
-        self.module = None
-        self.baseline = None
+        self.module: Any = None  # the candidate's solution module (role candidate)
+        self.baseline: Any = None  # baseline.make_baseline's (role baseline)
         self.sessions: dict[int, Session] = {}
         self.waiters: dict[str, Waiter] = {}  # by event handle: each opened once
 
@@ -112,7 +113,7 @@ class Host:
         self.baseline, note = make_baseline(self.be, spec)
         return {"name": self.baseline.name, "note": note}
 
-    def _module(self, which: str):
+    def _module(self, which: str) -> Any:
         if self.role == "candidate":
             return self.module
         return {"baseline": self.baseline, "null": _NoOp}[which]
@@ -136,7 +137,7 @@ class Host:
             else:
                 fn = self._module(which).setup(data, B, T, H)
             self.be.sync()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise CandidateError("import", f"setup(data, B={B}, T={T}, H={H}) raised:\n{tail()}") from None
@@ -161,7 +162,7 @@ class Host:
             s.fn()
             timer.stop()
             ms = timer.finish()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise CandidateError("runtime", f"fn() raised:\n{tail()}") from None

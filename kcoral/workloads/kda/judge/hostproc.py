@@ -11,17 +11,16 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
+from typing import Any
 from pathlib import Path
 
+from . import sandboxed
 from .channel import Channel, ChannelClosed
 from .harness import CandidateError
-from .runner import children_by_parent
 
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
@@ -92,7 +91,7 @@ def isolation_text(protections: dict) -> str:
 class HostProcess:
     """One host. `role` is "candidate" (loads `cand_dir`) or "trusted"."""
 
-    def __init__(self, arena, judge_pkg: Path, role: str, device: str, log_dir: Path, label: str,
+    def __init__(self, arena: Any, judge_pkg: Path, role: str, device: str, log_dir: Path, label: str,
                  cand_dir: Path | None = None, cache_dir: Path | None = None) -> None:
         self.arena, self.label, self.role = arena, label, role
         self.adopted: list = []  # its buffers the judge maps: released only once it is gone
@@ -147,7 +146,7 @@ class HostProcess:
         except (ChannelClosed, BrokenPipeError, ConnectionError) as exc:
             raise CandidateError("runtime", f"the {self.label} process died during '{msg.get('op')}' "
                                  f"({self._exit_text()}): {exc}\n{self.log_tail(2000)}") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise CandidateError("runtime", f"the {self.label} process gave no answer to '{msg.get('op')}' "
                                  f"within {timeout:.0f} s") from None
         except ValueError as exc:  # an unreadable message: the host is not speaking the protocol
@@ -155,7 +154,7 @@ class HostProcess:
         if reply.get("ok") is not True:
             for fd in extra:
                 os.close(fd)
-            kind = reply.get("kind") if reply.get("kind") in ("import", "runtime", "unavailable") else "runtime"
+            kind = str(reply["kind"]) if reply.get("kind") in ("import", "runtime", "unavailable") else "runtime"
             raise CandidateError(kind, str(reply.get("message") or "the host reported a failure")[:8000])
         return reply, extra
 
@@ -186,11 +185,8 @@ class HostProcess:
         except OSError:
             pass
         self.chan.close()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
+        # It was asked to exit: no SIGTERM and grace, straight to SIGKILL of its group and tree.
+        sandboxed.kill_tree(self.proc, grace_s=0)
         sweep_orphans()
         for buf in self.adopted:
             self.arena.free(buf)
@@ -208,27 +204,4 @@ def _chown_tree(path: Path, uid: int) -> None:
 def sweep_orphans() -> None:
     """Kill every descendant of the judge that is not a live host or inside one. Orphans
     of closed hosts were re-parented to the judge (its subreaper flag)."""
-    children = children_by_parent()
-    keep = set(_live)
-    doomed: list[int] = []
-    stack = [c for c in children.get(os.getpid(), []) if c not in keep]
-    while stack:
-        pid = stack.pop()
-        doomed.append(pid)
-        stack.extend(children.get(pid, []))
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + 5
-    while doomed and time.monotonic() < deadline:
-        for pid in list(doomed):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # not ours to reap (its parent was a doomed process)
-                done = pid
-            if done:
-                doomed.remove(pid)
-        if doomed:
-            time.sleep(0.01)
+    sandboxed.kill_orphans(keep=set(_live))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,17 +25,17 @@ DISTRIBUTIONS = ("normal", "uniform", "rademacher", "laplace", "clamped")
 GATE_MODES = ("none", "channels", "bands", "all", "random")
 
 
-def _device_rs(be: Backend, seed: int):
+def _device_rs(be: Backend, seed: int) -> Any:
     return be.xp.random.RandomState(seed % (2**32 - 1))
 
 
-def _normal(be: Backend, rs, shape):
+def _normal(be: Backend, rs: Any, shape: Any) -> Any:
     if be.device == "cuda":
         return rs.standard_normal(size=shape, dtype=be.xp.float32)
     return rs.standard_normal(size=shape).astype(np.float32)
 
 
-def _draw(be: Backend, rs, shape, dist: str):
+def _draw(be: Backend, rs: Any, shape: Any, dist: str) -> Any:
     """Unit-ish samples of one named distribution, fp32."""
     xp = be.xp
     if dist == "normal":

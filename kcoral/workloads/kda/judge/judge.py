@@ -21,14 +21,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .backend import BackendUnavailable, make_backend
-from .calls import Batch, Session, verify
+from .calls import Batch, MakeInputs, Session, verify
 from .harness import CandidateError
 from .hostproc import UNPRIVILEGED, HostProcess, drops_uid, isolation_text, protect_judge
 from .inputs import LOOSE_REGIMES, holdout_cases, holdout_inputs, regime_inputs
 from .memory import Arena
-from .spec import SpecError, WorkloadSpec, load_spec
+from .spec import SpecError, Timing, WorkloadSpec, load_spec
 from .timing import Figure, clock_figure, method_text, summarise
 
 PACKAGE = Path(__file__).resolve().parent
@@ -187,7 +188,8 @@ class Judge:
                 print(f"[{host.label}] {line}", file=sys.stderr)
             sys.stderr.flush()
 
-    def _check(self, host: HostProcess, T: int, setup_inputs: dict, make, oracle: str, loose: bool) -> dict:
+    def _check(self, host: HostProcess, T: int, setup_inputs: dict, make: MakeInputs, oracle: str,
+               loose: bool) -> dict:
         """One setup, one call on fresh inputs, verified."""
         try:
             sess = Session(self.be, self.spec, self.arena, host, T, setup_inputs)
@@ -265,7 +267,8 @@ class Judge:
             batch = sess.batch(makers, flush_bytes)
         except CandidateError as exc:
             return [{"ok": False, "detail": f"{exc.kind}: {exc.message}", "rms": {}, "error": exc.kind}]
-        out, inputs = [], None
+        out: list[dict] = []
+        inputs: Any = None
         for snap, make in zip(batch.snapshots, makers):
             inputs = make()
             out.append(verify(self.be, self.spec, snap, inputs, oracle, loose))
@@ -306,9 +309,9 @@ class Judge:
             trials, flags = [], []
             for trial in range(t.trials):
                 self.log(f"timing trial {trial + 1} of {t.trials} ({name})")
-                makers_b = [lambda i=i, k=trial: regime_inputs(be, spec, spec.T, self.seed(f"base-{k}", i))
+                makers_b: list[MakeInputs] = [lambda i=i, k=trial: regime_inputs(be, spec, spec.T, self.seed(f"base-{k}", i))
                             for i in range(n)]
-                makers_c = [lambda i=i, k=trial: regime_inputs(be, spec, spec.T, self.seed(f"timed-{k}", i))
+                makers_c: list[MakeInputs] = [lambda i=i, k=trial: regime_inputs(be, spec, spec.T, self.seed(f"timed-{k}", i))
                             for i in range(n)]
                 trusted_batch = base.batch(makers_b, t.flush_bytes)
                 null_batch = null.batch([lambda: one] * n, t.flush_bytes)
@@ -377,7 +380,7 @@ def _tolerance_text(spec: WorkloadSpec) -> str:
     return f"{text}; {basis}" if basis else text
 
 
-def _clock_text(trials: list[tuple[Figure, Figure]], t) -> str:
+def _clock_text(trials: list[tuple[Figure, Figure]], t: Timing) -> str:
     judged = [f"trial {i + 1} {who}" for i, pair in enumerate(trials)
               for who, f in zip(("baseline", "kernel"), pair) if f.clock == "judge"]
     slack = (f"slack {t.clock_slack_rel:.0%} + {t.clock_slack_call_ms:g} ms per call (median of the timed calls; "

@@ -18,17 +18,20 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .backend import BF16, Backend
 
+if TYPE_CHECKING:
+    from .preroll import Preroll
+
 ALIGN = 256
 DTYPES = {"bfloat16": BF16, "float32": np.dtype(np.float32), "uint8": np.dtype(np.uint8)}
 
 
-def dtype_name(dtype) -> str:
+def dtype_name(dtype: Any) -> str:
     dt = np.dtype(dtype)
     for name, known in DTYPES.items():
         if dt == known:
@@ -47,7 +50,7 @@ class Buffer:
     _mm: Any = None
     _used: int = 0
 
-    def take(self, shape, dtype) -> tuple[Any, dict]:
+    def take(self, shape: tuple[int, ...], dtype: Any) -> tuple[Any, dict]:
         """A fresh view of `shape` and `dtype` in this buffer, and its descriptor."""
         dt = np.dtype(dtype)
         n = int(np.prod(shape)) * dt.itemsize
@@ -59,7 +62,7 @@ class Buffer:
         return arr, {"buf": self.id, "offset": offset, "shape": list(shape), "dtype": dtype_name(dt)}
 
 
-def place(base, desc: dict):
+def place(base: Any, desc: dict) -> Any:
     """The array a descriptor names, as a view of a buffer's whole uint8 array."""
     dt = DTYPES[desc["dtype"]]
     shape = tuple(int(x) for x in desc["shape"])
@@ -79,10 +82,10 @@ class Arena:
     def __init__(self, be: Backend) -> None:
         self.be = be
         self.live: dict[int, Buffer] = {}
-        self._flush = None
+        self._flush: Any = None  # the device array, made at the first flush
         self._preroll: dict[float, Any] = {}
 
-    def preroll(self, ms: float):
+    def preroll(self, ms: float) -> Preroll:
         if ms not in self._preroll:
             from .preroll import Preroll
 

@@ -17,6 +17,8 @@ its events then count the spin), so there is nothing here a candidate could skip
 room in the judge's clock."""
 from __future__ import annotations
 
+from typing import Any
+
 from .backend import Backend
 
 _SPIN = r"""
@@ -35,7 +37,8 @@ class Preroll:
 
     def __init__(self, be: Backend, ms: float) -> None:
         self.be, self.ns = be, int(ms * 1e6)
-        self.kernel = self.event = None
+        self.kernel: Any = None
+        self.event: Any = None
         if be.device != "cuda" or self.ns <= 0:
             return
         cp = be.xp

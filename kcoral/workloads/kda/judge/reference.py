@@ -12,10 +12,11 @@ hierarchy of sub-chunks, so pairwise products are plain matrix products.
 """
 from __future__ import annotations
 
+from typing import Any
 from .backend import as_f32, sigmoid
 
 
-def _prepare(xp, inp: dict, gate_floor: float, eps: float, dtype):
+def _prepare(xp: Any, inp: dict, gate_floor: float, eps: float, dtype: Any) -> Any:
     """Normalised q/k, per-channel log decay and beta, in `dtype`, layout [B*H, T, D]."""
     q = as_f32(xp, inp["q"]).astype(dtype)
     k = as_f32(xp, inp["k"]).astype(dtype)
@@ -38,7 +39,7 @@ def _prepare(xp, inp: dict, gate_floor: float, eps: float, dtype):
     return heads_first(qh), heads_first(kh), heads_first(v), heads_first(log_decay), bh, (B, T, H, K, V)
 
 
-def recurrence_f64(xp, inp: dict, scale: float, gate_floor: float = -5.0, eps: float = 1e-6):
+def recurrence_f64(xp: Any, inp: dict, scale: float, gate_floor: float = -5.0, eps: float = 1e-6) -> tuple[Any, Any]:
     """Token-by-token float64 recurrence. Returns (output [B,T,H,V], final_state [B,H,V,K]), float64."""
     f64 = xp.float64
     qh, kh, v, ld, b, (B, T, H, K, V) = _prepare(xp, inp, gate_floor, eps, f64)
@@ -97,7 +98,8 @@ def _forward_substitute(xp, A, b, X):
     return Y
 
 
-def chunked_f32(xp, inp: dict, scale: float, gate_floor: float = -5.0, eps: float = 1e-6, chunk: int = 64):
+def chunked_f32(xp: Any, inp: dict, scale: float, gate_floor: float = -5.0, eps: float = 1e-6,
+                chunk: int = 64) -> tuple[Any, Any]:
     """fp32 chunked forward. Returns (output bf16 [B,T,H,V], final_state fp32 [B,H,V,K])."""
     from .backend import to_bf16
 

@@ -1,5 +1,8 @@
 """Server-side runner of `kcoral bench` (uploaded as a module; standard library only).
 
+Uploaded after the sandbox module it imports (`kcoral.runners.bench_runner_source`): its
+unpacker, path rules and process-tree kill are those of every remote runner.
+
 `bench(archive, seeds, options)` unpacks the bench archive (judge/, workload.json,
 candidate/, optional against/) into a fresh directory under the request's workspace and
 runs `python -m judge` there in a subprocess: a crash or a hang of the candidate cannot
@@ -10,15 +13,19 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import hmac
-import io
 import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
+from typing import Any
+
+try:  # inside the uploaded bundle the prelude injects the sandbox module
+    _sandboxed = _KCORAL_EMBEDDED["sandboxed"]  # type: ignore[name-defined]
+except NameError:  # imported as a normal module (tests, local use)
+    from kcoral.runners import sandboxed as _sandboxed
 
 LOG_LIMIT = 64 * 1024  # bytes of the judge's stderr (candidate prints included) kept
 MAX_ARCHIVE_BYTES = 1 << 30  # of the archive, and of the file contents it unpacks to
@@ -27,61 +34,13 @@ MAX_MEMBERS = 100_000
 PRIVATE_ENV_PREFIXES = ("KCORAL_HOLDOUT", "KCORAL_TOKEN", "KCORAL_SALT")
 
 
-class UnpackError(ValueError):
-    pass
-
-
-def _member_path(name: str) -> str:
-    if not name or "\x00" in name or "\\" in name or name.startswith("/"):
-        raise UnpackError(f"refused archive path {name!r}")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise UnpackError(f"refused archive path with '..': {name!r}")
-    return "/".join(parts)
-
-
 def unpack(archive: bytes, dest: str) -> list[str]:
-    """Extract regular files and directories only; refuse links, devices, absolute paths,
-    '..' and anything that would pass through an existing symbolic link."""
+    """Extract regular files and directories only (`sandboxed.safe_unpack`), within this
+    runner's limits on the archive and on what it unpacks to."""
     if len(archive) > MAX_ARCHIVE_BYTES:
-        raise UnpackError("archive too large")
-    written = []
-    total = count = 0
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tar:
-        for member in tar:
-            count += 1
-            if count > MAX_MEMBERS:
-                raise UnpackError(f"archive has more than {MAX_MEMBERS} entries")
-            rel = _member_path(member.name)
-            if member.issym() or member.islnk():
-                raise UnpackError(f"refused link in archive: {member.name!r}")
-            if not (member.isreg() or member.isdir()):
-                raise UnpackError(f"refused special entry in archive: {member.name!r}")
-            if rel == "":
-                continue
-            if member.isreg():
-                total += member.size  # a small compressed archive can unpack to a huge tree
-                if total > MAX_ARCHIVE_BYTES:
-                    raise UnpackError("archive too large once unpacked")
-            target = os.path.join(dest, *rel.split("/"))
-            # Every existing component must be a real directory, never a link.
-            probe = dest
-            for part in rel.split("/")[:-1]:
-                probe = os.path.join(probe, part)
-                if os.path.islink(probe) or (os.path.exists(probe) and not os.path.isdir(probe)):
-                    raise UnpackError(f"refused path through a link or file: {member.name!r}")
-            if member.isdir():
-                os.makedirs(target, mode=0o700, exist_ok=True)
-                continue
-            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-            if os.path.lexists(target):
-                raise UnpackError(f"duplicate archive entry: {member.name!r}")
-            src = tar.extractfile(member)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(src.read())
-            written.append(rel)
-    return written
+        raise _sandboxed.ArchiveError("archive too large")
+    return _sandboxed.safe_unpack(archive, dest, max_total_bytes=MAX_ARCHIVE_BYTES,
+                                  max_members=MAX_MEMBERS)
 
 
 def _env() -> dict:
@@ -89,44 +48,6 @@ def _env() -> dict:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def children_by_parent() -> dict:
-    """{parent pid: [child pids]} of every live process (Linux /proc; empty elsewhere)."""
-    children: dict = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return children
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def _descendants(root: int) -> list:
-    """Every live descendant of `root`."""
-    children = children_by_parent()
-    out, stack = [], [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            out.append(child)
-            stack.append(child)
-    return out
-
-
-def _kill_tree(proc) -> None:
-    for pid in [proc.pid] + _descendants(proc.pid):
-        try:
-            os.kill(pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _not_dumpable() -> None:
@@ -152,7 +73,7 @@ def _verified(out: bytes, key: str) -> tuple[dict | None, str]:
     return report, ""
 
 
-def bench(archive: bytes, seeds, options: dict) -> dict:
+def bench(archive: bytes, seeds: Any, options: dict) -> dict:
     _not_dumpable()
     options = dict(options or {})
     timeout = float(options.get("timeout_s", 1500))
@@ -163,10 +84,10 @@ def bench(archive: bytes, seeds, options: dict) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _bench_in(root: str, archive: bytes, seeds, options: dict, timeout: float) -> dict:
+def _bench_in(root: str, archive: bytes, seeds: Any, options: dict, timeout: float) -> dict:
     try:
         unpack(bytes(archive), root)
-    except (UnpackError, tarfile.TarError, OSError) as exc:
+    except (_sandboxed.ArchiveError, OSError) as exc:
         return {"report": None, "exit_code": None, "timed_out": False, "log": "",
                 "runner_error": f"bad bench archive: {exc}"}
     for needed in ("judge/__main__.py", "workload.json", "candidate"):
@@ -191,7 +112,7 @@ def _bench_in(root: str, archive: bytes, seeds, options: dict, timeout: float) -
         out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill_tree(proc)  # the judge and anything the candidate started
+        _sandboxed.kill_tree(proc)  # the judge and anything the candidate started
         try:
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:  # an escaped grandchild still holds the pipes

@@ -5,6 +5,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REGIMES = ("saturated", "strong", "mixed_depth", "switch", "boundary", "correlated", "random_depth")
 
@@ -77,13 +78,13 @@ class WorkloadSpec:
     extra: dict = field(default_factory=dict)
 
 
-def _get(d: dict, key: str, where: str):
+def _get(d: dict, key: str, where: str) -> Any:
     if key not in d:
         raise SpecError(f"workload.json: missing {where}{key}")
     return d[key]
 
 
-def _positive_int(value, what: str) -> int:
+def _positive_int(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise SpecError(f"workload.json: {what} must be a positive integer, got {value!r}")
     return value

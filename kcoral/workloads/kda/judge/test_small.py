@@ -18,6 +18,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -37,7 +38,7 @@ PROBE_LENGTHS = (1, 17, 63, 65, 127, 129)
 class Prepared:
     """One `setup` of the candidate at length T, on buffers of this process."""
 
-    def __init__(self, be, spec, module, inputs: dict, T: int) -> None:
+    def __init__(self, be: Any, spec: Any, module: Any, inputs: dict, T: int) -> None:
         xp = be.xp
         self.be, self.inputs = be, inputs
         self.output = xp.empty((spec.B, T, spec.H, spec.V), dtype=BF16)

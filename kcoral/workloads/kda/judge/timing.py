@@ -32,10 +32,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from . import cpuclock
 from .backend import Backend
 from .spec import Timing
+
+if TYPE_CHECKING:
+    from .calls import Batch
 
 
 @dataclass
@@ -58,7 +62,7 @@ class Figure:
         return out
 
 
-def clock_figure(batch, null, t: Timing, *, trusted: bool = False, calibration_ms: float = 0.0) -> Figure:
+def clock_figure(batch: Batch, null: Batch, t: Timing, *, trusted: bool = False, calibration_ms: float = 0.0) -> Figure:
     """The per-call figure of one batch. `trusted`: the baseline's own batch in the judge's
     host, whose times are the judge's own and are kept (the weighing still runs, so its
     unexplained time is on record, and is the next argument). `calibration_ms`: what that
@@ -77,7 +81,7 @@ def clock_figure(batch, null, t: Timing, *, trusted: bool = False, calibration_m
     return _weighed(n, batch.wall_ms, null.wall_ms, batch, t, "wall")
 
 
-def _weighed_per_call(batch, null, t: Timing, trusted: bool, calibration_ms: float) -> Figure:
+def _weighed_per_call(batch: Batch, null: Batch, t: Timing, trusted: bool, calibration_ms: float) -> Figure:
     w = t.warmup
     windows, null_windows, host = batch.windows_ms[w:], null.windows_ms[w:], batch.host_ms[w:]
     protocol = statistics.median(null_windows)
@@ -86,9 +90,9 @@ def _weighed_per_call(batch, null, t: Timing, trusted: bool, calibration_ms: flo
     # times were refused must not come out ahead of its honest figure (on the H200 a host
     # reporting a tenth of its CUDA-event times got 2.56x against the honest 2.38x so).
     own = statistics.median(windows) - protocol
-    detail = {"windows_ms": [round(x, 4) for x in windows], "null_windows_ms": [round(x, 4) for x in null_windows],
+    detail: dict[str, Any] = {"windows_ms": [round(x, 4) for x in windows], "null_windows_ms": [round(x, 4) for x in null_windows],
               "host_ms": [round(x, 4) if math.isfinite(x) else None for x in host]}
-    fig = dict(wall_ms=batch.wall_ms, null_wall_ms=null.wall_ms, host_total_ms=math.fsum(batch.host_ms),
+    fig: dict[str, Any] = dict(wall_ms=batch.wall_ms, null_wall_ms=null.wall_ms, host_total_ms=math.fsum(batch.host_ms),
                judge_clock="wall", per_call=detail)
     if all(math.isfinite(x) for x in host):
         median = statistics.median(host)
@@ -110,7 +114,7 @@ def _weighed_per_call(batch, null, t: Timing, trusted: bool, calibration_ms: flo
     return Figure(max(own, 0.0), "judge", why=why, **fig)
 
 
-def _weighed(n: int, judged_ms: float, null_ms: float, batch, t: Timing, judge_clock: str) -> Figure:
+def _weighed(n: int, judged_ms: float, null_ms: float, batch: Batch, t: Timing, judge_clock: str) -> Figure:
     own = judged_ms - null_ms  # what the calls cost, by the judge's clock
     host_total = math.fsum(batch.host_ms)
     allowed = host_total * (1 + t.clock_slack_rel) + t.clock_slack_ms

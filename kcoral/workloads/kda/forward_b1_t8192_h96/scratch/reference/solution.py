@@ -7,6 +7,8 @@ floor cannot overflow. Between chunks the state is carried sequentially.
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import ml_dtypes
 import numpy as np
 
@@ -38,7 +40,7 @@ def _sigmoid(xp, x):
     return 0.5 * (1.0 + xp.tanh(0.5 * x))
 
 
-def forward(xp, d: dict) -> None:
+def forward(xp: Any, d: dict) -> None:
     q, k, v, g = (_f32(xp, d[n]) for n in ("q", "k", "v", "g"))
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -100,7 +102,7 @@ def forward(xp, d: dict) -> None:
     d["final_state"][...] = S.transpose(0, 2, 1).reshape(B, H, V, K)
 
 
-def setup(data: dict, B: int, T: int, H: int):
+def setup(data: dict, B: int, T: int, H: int) -> Callable[[], None]:
     xp = _xp(data["q"])
 
     def fn() -> None:

@@ -1,11 +1,16 @@
-"""The request body rules: one `program` part and `blob:<sha256>` parts, checked strictly."""
+"""The /execute request body rules: one `program` part and `blob:<sha256>` parts, checked
+strictly. The framing itself is parsed by `kcoral.protocol.multipart`, the one multipart
+parser both sides use (python-multipart serves only as the tests' independent reader)."""
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
 
-from kcoral.wire import BLOB_PART_RE, ProgramSpec, UploadTensor, WireError, parse_multipart, parse_program
+from kcoral.errors import WireError
+from kcoral.protocol.dtypes import tensor_nbytes
+from kcoral.protocol.multipart import BLOB_PART_RE, parse_multipart
+from kcoral.protocol.program import ProgramSpec, UploadTensor, parse_program
 
 
 @dataclass
@@ -57,8 +62,6 @@ def parse_execute_body(body: bytes, content_type: str | None, nested_refs: bool 
 
 
 def check_tensor_size(index: int, ins: UploadTensor, size: int) -> None:
-    from kcoral.wire import tensor_nbytes
-
     want = tensor_nbytes(ins.dtype, ins.shape)
     if size != want:
         raise WireError(f"instruction {index}: tensor blob has {size} bytes, dtype {ins.dtype} shape {ins.shape} needs {want}")
