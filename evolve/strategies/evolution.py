@@ -34,7 +34,7 @@ class EvolutionStrategy:
         pool is full, not all 10 000 candidates."""
         size = self.config.population_size
         if fastest_first(state.columns()):
-            pool = []
+            pool: list[Parent] = []
             for p in state.correct:
                 if len(pool) == size:
                     break

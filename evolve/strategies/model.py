@@ -123,15 +123,15 @@ class ModelStrategy:
         # -log is decreasing: the same value as the least -log(speedup) over every candidate.
         best_y = min(-math.log(group[0].speedup) for group in usable.values() if len(group))
         scored: list[tuple[float, str, dict[str, Value]]] = []
-        for name, family in self.families.items():
+        for name in self.families:
             cands, x_cand = self._candidates(name, ranked[name], tried, rng)
             if not cands:
                 continue
             space = self._space(name)
-            obs = usable[name]
+            group = usable[name]
+            obs = self._cap(group, rng) if len(group) >= 2 else group[:]
             fails = [f for f in failed if f.family == name and self._admitted(f)]   # inside today's space
             if len(obs) >= 2:
-                obs = self._cap(obs, rng)
                 x_obs = space.encode([p.params for p in obs], [self._key(p.id, name, p.params)[1] for p in obs])
                 y_obs = np.array([-math.log(p.speedup) for p in obs])
                 gp = GaussianProcess(x_obs, y_obs)
@@ -145,7 +145,7 @@ class ModelStrategy:
                 mu, sigma = gp.predict(x_cand)
                 length = gp.length
             else:   # a family the model knows nothing of yet: the prior of all observations
-                everyone = sorted((p for group in usable.values() for p in group[:]), key=lambda p: p.id)
+                everyone = sorted((p for held in usable.values() for p in held[:]), key=lambda p: p.id)
                 ys = np.array([-math.log(p.speedup) for p in everyone])
                 mu = np.full(len(cands), ys.mean())
                 sigma = np.full(len(cands), ys.std() or 1.0)
