@@ -163,3 +163,32 @@ def test_auto_gives_evolution_every_second_proposal_once_the_search_stalls():
             whose[label].append(calls[0])
     assert [i for i, w in enumerate(whose["fresh"]) if w == "evolution"] == [2, 5]        # every third
     assert [i for i, w in enumerate(whose["stalled"]) if w == "evolution"] == [1, 3, 5]   # every second
+
+
+def test_model_with_a_family_known_by_one_candidate_and_a_failure():
+    """The second family has one correct candidate and one failed point: the model scores
+    it from the prior of all observations and its failure model still discounts the point
+    next to the failure; in either order of the state's correct list the proposals agree."""
+    from evolve.strategies.base import Failed
+    from evolve.strategies.model import ModelStrategy
+
+    fam = load_family(NUMPY_FAMILY)
+    points = list(fam.points())
+    random.Random(0).shuffle(points)
+    correct = [Parent(id=i + 1, family="a", params=points[i], speedup=1 + i / 10) for i in range(12)]
+    correct.append(Parent(id=50, family="b", params=points[20], speedup=1.5))
+    failed = [Failed(id=60, family="b", params=points[21], kind="compile")]
+    tried = {point_key(p.family or "", p.params) for p in correct} | {point_key("b", points[21])} | \
+        {point_key(name, fam.defaults) for name in ("a", "b")}
+    runs = []
+    for order in (correct, sorted(correct, key=lambda p: (-p.speedup, p.id))):
+        strategy = ModelStrategy({"a": fam, "b": fam}, StrategyConfig(seed=1, initial_points=2))
+        seen, keys = set(tried), []
+        for i in range(3):
+            prop = strategy.propose(SearchState(correct=list(order), failed=failed, tried=seen, proposal_index=i),
+                                    random.Random(i))
+            assert prop is not None and prop.key not in seen and fam.admits(prop.params)
+            seen.add(prop.key)
+            keys.append(prop.key)
+        runs.append(keys)
+    assert runs[0] == runs[1]
