@@ -8,7 +8,7 @@ directory, beside the database, unless `output_dir` says otherwise.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -63,7 +63,7 @@ class BudgetConfig(_Strict):
     @classmethod
     def _utc(cls, v: datetime | None) -> datetime | None:
         if v is not None and v.tzinfo is None:
-            v = v.replace(tzinfo=timezone.utc)
+            v = v.replace(tzinfo=UTC)
         return v
 
 
@@ -76,7 +76,8 @@ class StageConfig(_Strict):
     cases: str = "all"                         # gputest
 
 
-def _default_stages() -> dict[str, StageConfig]:
+def default_stages() -> dict[str, StageConfig]:
+    """Every stage's settings when a config names none (fresh objects on each call)."""
     return {
         Stage.CHECK: StageConfig(timeout=300),
         Stage.GPUTEST: StageConfig(timeout=600),
@@ -107,7 +108,7 @@ class RunConfig(_Strict):
     families: list[FamilyChoice] = Field(min_length=1)
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
-    stages: dict[str, StageConfig] = Field(default_factory=_default_stages)
+    stages: dict[str, StageConfig] = Field(default_factory=default_stages)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     remote: RemoteConfig = Field(default_factory=RemoteConfig)
 
@@ -122,7 +123,7 @@ class RunConfig(_Strict):
         unknown = set(v) - set(PIPELINE_STAGES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; known: {[str(s) for s in PIPELINE_STAGES]}")
-        merged = {name: cfg.model_dump() for name, cfg in _default_stages().items()}
+        merged = {name: cfg.model_dump() for name, cfg in default_stages().items()}
         for name, cfg in v.items():
             if isinstance(cfg, dict):
                 merged[name].update(cfg)

@@ -76,7 +76,7 @@ class EmbeddedServer:
         if not has_gpu():
             cmd += ["--cpu-workers", str(self.cpu_workers)]
         self._logdir = tempfile.mkdtemp(prefix="evolve-server-")
-        log = open(Path(self._logdir) / "server.log", "wb")  # noqa: SIM115 - kept open for the child
+        log = open(Path(self._logdir) / "server.log", "wb")  # kept open for the child
         # Its own process group, so a terminal's Ctrl-C reaches us first and we stop it in order.
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=server_environment(), preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -114,7 +114,7 @@ class EmbeddedServer:
     def __enter__(self) -> str:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
         if self._logdir:
             shutil.rmtree(self._logdir, ignore_errors=True)

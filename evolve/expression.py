@@ -43,7 +43,7 @@ class Expression:
     """A parsed, validated expression; `names` are the free variables it reads."""
 
     def __init__(self, source: str):
-        if not isinstance(source, str) or not source.strip():
+        if not source.strip():
             raise ExpressionError("expression must be a non-empty string")
         self.source = source
         try:
@@ -138,6 +138,6 @@ class Expression:
             return True
         if isinstance(node, ast.IfExp):
             return self._eval(node.body if self._eval(node.test, env) else node.orelse, env)
-        if isinstance(node, ast.Call):
-            return _FUNCS[node.func.id](*(self._eval(a, env) for a in node.args))  # type: ignore[union-attr]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):  # _validate admits no other call
+            return _FUNCS[node.func.id](*(self._eval(a, env) for a in node.args))
         raise ExpressionError(f"{self.source!r}: {type(node).__name__} is not allowed")  # pragma: no cover

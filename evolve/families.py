@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -284,7 +284,8 @@ def _member(value: Any, allowed: list[Value]) -> bool:
         and any(isinstance(a, float) and value == a for a in allowed))
 
 
-def _points(parameters: Mapping[str, list[Value]], admitted) -> Iterator[dict[str, Value]]:
+def _points(parameters: Mapping[str, list[Value]],
+            admitted: Callable[[dict[str, Value]], bool]) -> Iterator[dict[str, Value]]:
     names = list(parameters)
     for combo in itertools.product(*(parameters[n] for n in names)):
         point = dict(zip(names, combo))

@@ -44,11 +44,13 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
     confirmed = sorted(conn.execute(base.where(C.id.in_(promoted_ids))).all(),
                        key=lambda row: row.id not in current_best)   # stable: speedup order kept
     rest = base.where(C.id.not_in(promoted_ids))
-    capped = limit is not None and limit > 0
-    if capped:
+    if limit is not None and limit > 0:
         confirmed = confirmed[:limit]
-        rest = rest.limit(max(0, limit - len(confirmed)))   # type: ignore[operator]
-    top = [*confirmed, *(conn.execute(rest).all() if not capped or len(confirmed) < limit else [])]  # type: ignore[operator]
+        room = limit - len(confirmed)
+        others = conn.execute(rest.limit(room)).all() if room > 0 else []
+    else:
+        others = conn.execute(rest).all()
+    top = [*confirmed, *others]
     if not top:
         return []
     ids = [row.id for row in top]
@@ -73,6 +75,7 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
                    E.excessive_sectors.is_not(None))
             .order_by(E.id)
         )
+        if value is not None  # the query leaves none out; the column's type still allows them
     }
 
     promoted = {row.id for row in confirmed}

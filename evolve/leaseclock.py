@@ -60,7 +60,7 @@ class LeaseClock:
             self._sampled_at = now
             try:
                 self._observe(self._health())
-            except Exception:   # a server restarting right now: keep the last figure
+            except Exception:  # noqa: BLE001 - `health` is any callable: a failed sample (a server restarting right now) keeps the last figure, never stops the run loop
                 pass
         return self.fraction()
 

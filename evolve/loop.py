@@ -19,8 +19,8 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TextIO
+from datetime import UTC, datetime
+from typing import Callable, TextIO
 
 from kcoral import Client
 from pydantic import BaseModel, Field
@@ -39,7 +39,7 @@ from evolve.render import RenderError, render_candidate
 from evolve.run_progress import Progress
 from evolve.search_view import SearchView
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
-from evolve.strategies.base import Failed, Strategy
+from evolve.strategies.base import Failed, Proposal, Strategy
 from evolve.vocabulary import INFEASIBLE_KINDS, EvaluationStatus, Origin, RunState, Stage
 
 log = logging.getLogger(__name__)
@@ -199,17 +199,17 @@ class SearchLoop:
                     jobs[cand.id] = Job(candidate_id=cand.id)
         return list(jobs.values()), retried
 
-    def _run_to_join(self, workload_id: int) -> int:
-        """The live run `self.join` names (a run id, or the workload's newest live run)."""
-        if self.join == JOIN_LATEST:
-            for run in reversed(self.pop.runs(workload_id)):
-                if self.pop.run_alive(run):
-                    return run.id
+    def _run_to_join(self, workload_id: int, join: int | str) -> int:
+        """The live run `join` names (a run id, or the workload's newest live run)."""
+        if join == JOIN_LATEST:
+            for live in reversed(self.pop.runs(workload_id)):
+                if self.pop.run_alive(live):
+                    return live.id
             raise JoinError(f"no live run of workload {self.config.workload_name!r} to join; "
                             "start one with `evolve run` (without --join)")
-        run = self.pop.run(int(self.join))  # type: ignore[arg-type]
+        run = self.pop.run(int(join))
         if run is None:
-            raise JoinError(f"no run {self.join} in the database")
+            raise JoinError(f"no run {join} in the database")
         if run.workload_id != workload_id:
             raise JoinError(f"run {run.id} searches another workload (id {run.workload_id}), "
                             f"not {self.config.workload_name!r}")
@@ -217,7 +217,7 @@ class SearchLoop:
             raise JoinError(f"run {run.id} is not alive (state {run.state}); `evolve run --resume` continues a dead run")
         return run.id
 
-    def _reclaim(self, run_id: int, worker_id: int, usable) -> list[Job]:  # type: ignore[no-untyped-def]
+    def _reclaim(self, run_id: int, worker_id: int, usable: Callable[[Candidate], bool]) -> list[Job]:
         """Jobs that retry what workers of this run left when their lease ran out (each
         row is marked interrupted compare-and-set, so one survivor retries it). A
         candidate whose folder this host cannot see is left to a process that can."""
@@ -240,7 +240,7 @@ class SearchLoop:
             view = self._views[workload_id] = SearchView(self.pop, workload_id)
         return view.state(tried, proposals)
 
-    def _register(self, families: dict[str, Family], proposal, workload_id: int, run_id: int, worker_id: int,
+    def _register(self, families: dict[str, Family], proposal: Proposal, workload_id: int, run_id: int, worker_id: int,
                   stage: Stage) -> tuple[Candidate, int | None] | None:
         """Render and store a proposal, claimed for this process in the same transaction:
         (candidate, its first stage's evaluation, or None if it was known and evaluated)."""
@@ -313,7 +313,7 @@ class SearchLoop:
     def _enter_run(self, workload_id: int, prev: Run | None) -> tuple[int, int]:
         """(run, this process's worker row): the run --join names, else a new one."""
         if self.join is not None:
-            run_id = self._run_to_join(workload_id)
+            run_id = self._run_to_join(workload_id, self.join)
             try:
                 worker_id = self.pop.join_run(run_id)
             except ValueError as exc:   # its last worker left since we looked
@@ -491,7 +491,7 @@ class SearchLoop:
         if self.config.budget.hours is not None:
             limits.append(started + self.config.budget.hours * 3600.0)
         if self.config.budget.deadline is not None:
-            left = (self.config.budget.deadline - datetime.now(timezone.utc)).total_seconds()
+            left = (self.config.budget.deadline - datetime.now(UTC)).total_seconds()
             limits.append(started + left)
         return min(limits) if limits else None
 

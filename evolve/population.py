@@ -204,7 +204,7 @@ class Population:
                 .where(RunModel.id == run_id, RunModel.state == RunState.RUNNING)
                 .values(heartbeat_at=utcnow())
             )
-            return result.rowcount == 1  # type: ignore[attr-defined]
+            return result.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE gives a CursorResult
 
     def finish_run(self, run_id: int, state: RunState, *, dead: bool = False) -> bool:
         """running -> `state` (compare-and-set); False if the run was not running.
@@ -224,7 +224,7 @@ class Population:
                 .where(RunModel.id == run_id, RunModel.state == RunState.RUNNING)
                 .values(**values)
             )
-            return result.rowcount == 1  # type: ignore[attr-defined]
+            return result.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE gives a CursorResult
 
     def run(self, run_id: int) -> Run | None:
         with self.db.read() as s:
@@ -285,7 +285,7 @@ class Population:
             result = s.execute(update(RunWorkerModel)
                                .where(RunWorkerModel.id == worker_id, RunWorkerModel.ended_at.is_(None))
                                .values(heartbeat_at=now))
-            return result.rowcount == 1  # type: ignore[attr-defined]
+            return result.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE gives a CursorResult
 
     def leave_run(self, worker_id: int, state: RunState, *, still_working: bool = False) -> bool:
         """The worker leaves its run; when no other worker of the run is alive, the run
@@ -629,7 +629,7 @@ class Population:
                 .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == EvaluationStatus.RUNNING)
                 .values(**values, ended_at=utcnow())
             )
-            if outcome.rowcount != 1:  # type: ignore[attr-defined]
+            if outcome.rowcount != 1:  # type: ignore[attr-defined]  # an UPDATE gives a CursorResult
                 return False
             if result.logs is not None and not result.logs.empty():
                 s.add(EvaluationLogModel(evaluation_id=evaluation_id, stdout=pack(result.logs.stdout),
@@ -677,7 +677,7 @@ class Population:
                 .where(EvaluationModel.id == evaluation_id, EvaluationModel.status == EvaluationStatus.RUNNING)
                 .values(status=EvaluationStatus.INTERRUPTED, message=message, ended_at=utcnow())
             )
-            return outcome.rowcount == 1  # type: ignore[attr-defined]
+            return outcome.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE gives a CursorResult
 
     def interrupted(self, run_id: int | None = None, *, heartbeat_timeout_s: float | None = None) -> list[Evaluation]:
         """Evaluations still "running" whose owner is dead: their run (finished, heartbeat
@@ -765,7 +765,8 @@ class Population:
                 CandidateModel.workload_id == workload_id
             )
         with self.db.read() as s:
-            return [EvaluationSummary(*row) for row in s.connection().execute(query)]
+            # _make: SQLAlchemy types a select of more than nine columns as of any length.
+            return [EvaluationSummary._make(row) for row in s.connection().execute(query)]
 
     def run_throughputs(self, runs: Sequence[Run]) -> dict[int, RunThroughput]:
         """Per run: its finished stages (passed or failed), the candidates it brought to a bench
@@ -780,13 +781,14 @@ class Population:
                     E.run_id,
                     func.count(),
                     func.count(func.distinct(E.candidate_id)).filter(E.stage == Stage.BENCH),
-                    func.coalesce(func.sum(E.lease_held_ms), 0.0),
+                    func.sum(E.lease_held_ms),
                 )
                 .where(E.run_id.in_(ids), E.status.in_(VERDICTS))
                 .group_by(E.run_id)
             )
             with self.db.read() as s:
-                counts = {rid: (n, b, ms) for rid, n, b, ms in s.execute(query).all()}
+                # The filter keeps run_id set; a sum over no lease times is NULL.
+                counts = {rid: (n, b, ms or 0.0) for rid, n, b, ms in s.execute(query).all() if rid is not None}
         out = {}
         for run in runs:
             stages, benched, lease_ms = counts.get(run.id, (0, 0, 0.0))

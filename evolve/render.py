@@ -42,15 +42,15 @@ def _environment(directory: Path) -> jinja2.Environment:
 def render_sources(family: Family, params: Mapping[str, Any]) -> dict[str, bytes]:
     """The files of a candidate (name -> bytes), without params.json."""
     point = family.validate(params)
-    variables = family.environment(point)
-    variables = {**variables, "params": dict(point), "family_name": family.name}
+    variables: dict[str, Any] = {**family.environment(point), "params": dict(point), "family_name": family.name}
     env = _environment(family.directory)
     files: dict[str, bytes] = {}
     for rel in family.spec.render:
         try:
             text = env.get_template(rel).render(**variables)
         except jinja2.TemplateError as exc:
-            where = f"{rel}:{exc.lineno}" if getattr(exc, "lineno", None) else rel
+            lineno = getattr(exc, "lineno", None)  # only a TemplateSyntaxError knows its line
+            where = f"{rel}:{lineno}" if lineno else rel
             raise RenderError(f"family {family.name!r}: {where}: {exc}") from None
         files[Path(rel).name[: -len(".j2")]] = text.encode("utf-8")
     for rel in family.spec.copy_files:

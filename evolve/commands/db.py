@@ -47,7 +47,7 @@ def _current(args: argparse.Namespace) -> int:
     return 0 if current == head else 1
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("db", help="database schema: upgrade, current")
     sub = p.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     up = sub.add_parser("upgrade", help="migrate the database to this evolve's schema")

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from evolve.commands.jsonout import add_json_flag, emit
 from evolve.commands.register import RegisterError, register_candidate
-from evolve.config import ConfigError, PromotionConfig, RemoteConfig, RunConfig, load_config
+from evolve.config import ConfigError, PromotionConfig, RemoteConfig, default_stages, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.digest import DigestError, source_digest
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
@@ -128,8 +128,7 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, FamilyError) as exc:
         print(f"evolve evaluate: error: {exc}", file=sys.stderr)
         return 2
-    defaults = RunConfig.model_fields["stages"].default_factory()  # type: ignore[misc]
-    stages_cfg = config.stages if config else defaults
+    stages_cfg = config.stages if config else default_stages()
     stages = [s for s in PIPELINE_STAGES if stages_cfg[s].enabled]
     policy = config.promotion if config else PromotionConfig()
     remote = config.remote if config else RemoteConfig()

@@ -25,7 +25,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("leaderboard", help="candidates ranked by best passed bench speedup")
     p.add_argument("--workload", help="only this workload (name or id)")
     p.add_argument("--limit", type=int, default=20, help="rows to show (0: all; default 20)")

@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("register", help="add an agent's scratch candidate to the population")
     p.add_argument("path", help="candidate directory (holds solution.py)")
     p.add_argument("--name", help="short name (default: the directory name)")

@@ -31,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("report", help="write a self-contained HTML report")
     p.add_argument("--out", default="report.html", help="output file (default: report.html)")
     p.add_argument("--workload", help="only this workload (name or id)")

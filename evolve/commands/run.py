@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from contextlib import nullcontext
+from types import FrameType
 
 from kcoral import Client, RemoteError
 
@@ -48,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 EXIT_ABORTED = 3  # the run stopped itself: preflight failed, or the circuit breaker tripped
 
 
-def _interrupt(signum, frame) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 

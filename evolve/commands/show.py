@@ -177,7 +177,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("show", help="one candidate: stages, metrics, lineage, logs")
     p.add_argument("id", help="candidate id or directory")
     p.add_argument("--json", action="store_true", help="print JSON")

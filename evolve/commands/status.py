@@ -207,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("status", help="runs, evaluation counts, in-flight stages, confirmed best")
     p.add_argument("--workload", help="only this workload (name or id)")
     p.add_argument("--db", help=DB_HELP)

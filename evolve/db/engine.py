@@ -106,7 +106,7 @@ class Database:
     """An engine plus its session factories; `write()` and `read()` are one transaction each."""
 
     engine: Engine
-    sessionmaker: sessionmaker[Session]
+    read_sessionmaker: sessionmaker[Session]
     write_sessionmaker: sessionmaker[Session] = field(repr=False)
 
     @classmethod
@@ -114,7 +114,7 @@ class Database:
         writer = engine.execution_options(**{_WRITE_OPTION: True})
         return cls(
             engine=engine,
-            sessionmaker=sessionmaker(bind=engine, expire_on_commit=False),
+            read_sessionmaker=sessionmaker(bind=engine, expire_on_commit=False),
             write_sessionmaker=sessionmaker(bind=writer, expire_on_commit=False),
         )
 
@@ -130,7 +130,7 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with self.sessionmaker() as session, session.begin():
+        with self.read_sessionmaker() as session, session.begin():
             yield session
 
     def write_connection(self) -> AbstractContextManager[Connection]:

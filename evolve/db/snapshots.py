@@ -20,7 +20,7 @@ def candidate_snapshot(row: CandidateModel) -> Candidate:
         id=row.id,
         workload_id=row.workload_id,
         name=row.name,
-        origin=row.origin,  # type: ignore[arg-type]
+        origin=row.origin,
         family=row.family,
         params=dict(row.params or {}),
         digest=row.digest,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-
+from typing import TYPE_CHECKING
 
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
@@ -11,8 +11,11 @@ from evolve.pipeline.timings import jsonable, node_metric
 from evolve.population import Candidate, StageLogs, StageResult
 from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
+if TYPE_CHECKING:
+    from kcoral.bench import BenchReport
 
-def bench_result(rep, against: Path | None = None) -> StageResult:
+
+def bench_result(rep: BenchReport, against: Path | None = None) -> StageResult:
     """A BenchReport as a stage result."""
     metrics = {
         "baseline_name": getattr(rep, "baseline_name", None),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from evolve.families import ParamsError
 from evolve.pipeline import nvcc
@@ -21,7 +22,7 @@ from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 DEFAULT_ARCH = "sm_90a"
 
 
-def _failed(kind: FailureKind, message: str, **metrics) -> StageResult:
+def _failed(kind: FailureKind, message: str, **metrics: Any) -> StageResult:
     return StageResult(status=EvaluationStatus.FAILED, failure_kind=kind, message=message[:4000], metrics=metrics)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kcoral import Client
+from kcoral import Client, KcoralError
 
 from evolve.config import StageConfig
 from evolve.families import Family
@@ -41,7 +41,7 @@ class GpuGate:
             if time.monotonic() - self._checked_at > self.poll_s:
                 try:
                     self._queue_seen = int(self.client.health().get("queue_length", 0) or 0)
-                except Exception:  # a restarting server: the stage's own retry handles it
+                except (KcoralError, AttributeError, TypeError, ValueError):  # a restarting server, or an odd /health: the stage's own retry handles it
                     self._queue_seen = 0
                 self._checked_at = time.monotonic()
             return self._queue_seen
@@ -105,7 +105,7 @@ class StageContext:
     def server_instance(self) -> str | None:
         try:
             self._instance = self.client.health().get("instance_id") or self._instance
-        except Exception:
+        except (KcoralError, AttributeError):  # unreachable, or a /health answer that is no object
             pass
         return self._instance
 

@@ -113,4 +113,4 @@ def render_plot(plot: StepPlot) -> str:
     """One plot as standalone SVG (the same macro the page uses)."""
     if not _ENV:
         _ENV.append(_environment())
-    return _ENV[0].get_template("plots.svg.j2").module.step_plot(plot)  # type: ignore[attr-defined]
+    return _ENV[0].get_template("plots.svg.j2").module.step_plot(plot)  # type: ignore[attr-defined]  # a template module holds its macros as attributes

@@ -75,8 +75,8 @@ class StepPlot:
 
 
 def step_plot(points: Sequence[Point], *, title: str, x_label: str, y_label: str,
-              markers: Sequence[Point] = (), marker_title: str = "promoted", **size: int) -> StepPlot:
-    plot = StepPlot(title=title, x_label=x_label, y_label=y_label, **size)
+              markers: Sequence[Point] = (), marker_title: str = "promoted") -> StepPlot:
+    plot = StepPlot(title=title, x_label=x_label, y_label=y_label)
     if not points:
         return plot
     xs = [p[0] for p in points] + [m[0] for m in markers]

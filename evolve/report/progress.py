@@ -25,16 +25,17 @@ def best_so_far(evaluations: Sequence[EvaluationSummary], promotions: Sequence[P
 
     One point per promotion, at its last confirmation run, valued at the promoted
     candidate's best bench speedup: an unconfirmed bench (one lucky run) never moves it."""
+    # (end, evaluation): the end kept beside it, so it is known to be set.
     finished = sorted(
-        (e for e in evaluations if e.ended_at is not None and e.status in VERDICTS),
-        key=lambda e: (e.ended_at, e.id),  # type: ignore[return-value]
+        ((e.ended_at, e) for e in evaluations if e.ended_at is not None and e.status in VERDICTS),
+        key=lambda pair: (pair[0], pair[1].id),
     )
     if not finished:
         return [], []
-    order = {e.id: n for n, e in enumerate(finished, start=1)}
-    ended = {e.id: e.ended_at for e in finished}
+    order = {e.id: n for n, (_, e) in enumerate(finished, start=1)}
+    ended = {e.id: end for end, e in finished}
     speed: dict[int, float] = {}
-    for e in finished:
+    for _, e in finished:
         if e.stage == ranked_stage and e.status == EvaluationStatus.PASSED and e.speedup is not None:
             speed[e.candidate_id] = max(e.speedup, speed.get(e.candidate_id, e.speedup))
     origin = min(e.started_at for e in evaluations)
@@ -46,10 +47,10 @@ def best_so_far(evaluations: Sequence[EvaluationSummary], promotions: Sequence[P
             continue
         confirmations = [i for i in p.confirmation_eval_ids if i in order]
         last = max(confirmations, key=lambda i: order[i]) if confirmations else None
-        n = order[last] if last is not None else sum(1 for e in finished if e.ended_at <= p.promoted_at)  # type: ignore[operator]
+        n = order[last] if last is not None else sum(1 for end, _ in finished if end <= p.promoted_at)
         at = ended[last] if last is not None else p.promoted_at
         by_count.append((float(n), value))
-        by_time.append(((at - origin).total_seconds() / 3600, value))  # type: ignore[operator]
+        by_time.append(((at - origin).total_seconds() / 3600, value))
     return by_count, by_time
 
 

@@ -9,7 +9,7 @@ config is used.
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from evolve.db.models import Base
 
@@ -17,7 +17,7 @@ config = context.config
 target_metadata = Base.metadata
 
 
-def _configure(connection) -> None:  # type: ignore[no-untyped-def]
+def _configure(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -44,7 +44,10 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("no sqlalchemy.url in the Alembic config and no connection handed over")
+    engine = create_engine(url)
     with engine.connect() as conn:
         _configure(conn)
         with context.begin_transaction():
