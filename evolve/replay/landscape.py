@@ -140,7 +140,7 @@ def load_landscape(path: Path | str) -> Landscape:
         raise LandscapeError(f"{path}: no such landscape file")
     meta: dict[str, str] = {}
     with _open_text(path) as fh:
-        lines = []
+        lines: list[str] = []
         for line in fh:
             if line.startswith("#") and not lines:
                 key, _, value = line[1:].partition(":")

@@ -29,10 +29,11 @@ def svg_curves(panels: list[dict], columns: int = 3) -> str:
         top = 2.0   # y axis: best time / optimum, from 1.0 to 2.0 (clipped)
         xmax = max(2, panel["budget"])
 
-        def px(e: float) -> float:
+        # the panel's geometry bound now: the closures outlive this iteration's names
+        def px(e: float, x0: float = x0, x1: float = x1, xmax: float = xmax) -> float:
             return x0 + (x1 - x0) * math.log10(max(e, 1)) / math.log10(xmax)
 
-        def py(r: float) -> float:
+        def py(r: float, y0: float = y0, y1: float = y1, top: float = top) -> float:
             return y1 - (y1 - y0) * (min(r, top) - 1.0) / (top - 1.0)
 
         out.append(f'<text x="{ox + PANEL_W / 2}" y="{oy + 14}" text-anchor="middle" font-weight="bold">'

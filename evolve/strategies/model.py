@@ -91,8 +91,10 @@ class ModelStrategy:
         self._tried: set[tuple] = set()   # the tried keys interned so far
 
     def _admitted(self, parent: Parent | Failed) -> bool:
+        # callers pass only candidates of a family this strategy knows (an agent's has none)
         if parent.id not in self._admits:
-            self._admits[parent.id] = self.families[parent.family].admits(parent.params)
+            fam = self.families.get(parent.family) if parent.family is not None else None
+            self._admits[parent.id] = fam is not None and fam.admits(parent.params)
         return self._admits[parent.id]
 
     def _key(self, cid: int, family: str, params: dict) -> tuple:
@@ -220,7 +222,7 @@ class ModelStrategy:
             k = canonical_params(params)
             if (name, k) not in tried and space.family.admits(params):
                 children[k] = params
-        if space.points is not None:
+        if space.points is not None and space.x is not None:   # encoded together
             untried = space.untried(name, tried).tolist()
             if len(untried) > POOL:
                 untried = rng.sample(untried, POOL)
