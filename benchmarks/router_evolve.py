@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.router.routerproc import RouterProcess, extract_router, our_node  # noqa: E402
+from tests.kcoral_server.router.routerproc import RouterProcess, extract_router, our_node  # noqa: E402
 
 CONFIG = """
 root = "{repo}"

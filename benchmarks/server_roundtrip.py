@@ -166,7 +166,7 @@ def gpu_rows(client: Client) -> list[tuple[str, str, str]]:
 
 def start_router() -> tuple[object, str]:
     """The pinned released router on loopback (the tests' helper: same wheel, same cache)."""
-    from tests.router.routerproc import RouterProcess, extract_router
+    from tests.kcoral_server.router.routerproc import RouterProcess, extract_router
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kcoral-evolve-bench"
     router = RouterProcess(extract_router(cache, Path(tempfile.mkdtemp(prefix="kcoral-router-bin-")))).start()
     return router, router.url

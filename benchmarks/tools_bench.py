@@ -1,9 +1,9 @@
 """Speed of the remote tools' local parts (archives, IKET conversion and analysis, NCU CSV)
 and, with --remote, the round trip of `run_python` on a server. With --gpu-app (a GPU
-server), also the CLI tools end to end on the CuPy toy kernel of tests/tools/gpu_app.
+server), also the CLI tools end to end on the CuPy toy kernel of tests/kcoral/tools/gpu_app.
 Prints a table.
 
-    python benchmarks/tools_bench.py [--remote URL] [--repeat N] [--gpu-app tests/tools/gpu_app]
+    python benchmarks/tools_bench.py [--remote URL] [--repeat N] [--gpu-app tests/kcoral/tools/gpu_app]
 """
 from __future__ import annotations
 

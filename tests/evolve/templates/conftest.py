@@ -1,0 +1,88 @@
+"""Shared helpers for the KDA template tests: render a family point, compile it with nvcc."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+TEMPLATES = REPO / "evolve" / "templates" / "kda"
+NVCC = shutil.which("nvcc")
+ARCH = "-gencode=arch=compute_90a,code=sm_90a"
+
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+
+
+def load_solution(cand: Path):
+    """A rendered candidate's solution.py as a module of its own (one per directory)."""
+    spec = importlib.util.spec_from_file_location(f"_sol_{cand.name}", cand / "solution.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass
+class PtxasReport:
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    static_smem: int
+
+
+def cupy_or_skip():
+    """CuPy with a CUDA device, or skip the calling GPU test module."""
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device", allow_module_level=True)
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device", allow_module_level=True)
+    return cupy
+
+
+def parse_ptxas(text: str, kernel: str) -> PtxasReport:
+    """Resource lines of `kernel` from `-Xptxas -v` output."""
+    start = text.index(f"Compiling entry function '{kernel}'")
+    block = text[start:]
+    nxt = block.find("Compiling entry function", 10)
+    block = block if nxt < 0 else block[:nxt]
+    spills = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", block)
+    regs = re.search(r"Used (\d+) registers", block)
+    smem = re.search(r"(\d+) bytes smem", block)
+    return PtxasReport(int(regs.group(1)), int(spills.group(2)), int(spills.group(3)), int(spills.group(1)),
+                       int(smem.group(1)) if smem else 0)
+
+
+def compile_cubin(source: Path, out_dir: Path, defines: tuple[str, ...] = ()) -> str:
+    cmd = [NVCC, ARCH, "-cubin", "-Xptxas", "-v", "-std=c++17", *(f"-D{d}" for d in defines),
+           "-o", str(out_dir / (source.stem + ".cubin")), str(source)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=source.parent)
+    assert res.returncode == 0, f"nvcc failed for {source.name}:\n{res.stderr}"
+    return res.stdout + res.stderr
+
+
+def compile_ptx(source: Path, defines: tuple[str, ...] = ()) -> str:
+    out = source.with_suffix(".ptx")
+    cmd = [NVCC, ARCH, "-ptx", "-std=c++17", *(f"-D{d}" for d in defines), "-o", str(out), str(source)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=source.parent)
+    assert res.returncode == 0, res.stderr
+    return out.read_text()
+
+
+@pytest.fixture
+def render_point(tmp_path):
+    from evolve.families import load_family
+    from evolve.render import render_candidate
+
+    def render(family: str, **overrides) -> tuple[Path, object]:
+        fam = load_family(TEMPLATES / family)
+        params = {**fam.defaults, **overrides}
+        return Path(render_candidate(fam, params, tmp_path / "cands")), fam
+
+    return render
