@@ -101,7 +101,7 @@ def search_state(pop: Population, workload_id: int, tried: set, proposals: int) 
     """What a strategy sees, read from the population alone (so a resumed run sees what an
     uninterrupted one would): correct candidates fastest first, failed points, tried keys.
     One full read, the definition; the loop keeps a `SearchView` up to date instead, which
-    hands out the same state (tests/evolve_search/test_search_view.py)."""
+    hands out the same state (tests/evolve/search/test_search_view.py)."""
     # model_construct: the rows come typed from our own database.
     correct = [Parent.model_construct(id=cid, family=family, params=params, speedup=speedup, generation=generation)
                for cid, family, params, generation, speedup in pop.correct_points(workload_id)]
