@@ -6,8 +6,9 @@ ldmatrix, mma.sync, cp.async, bf16 packing, shuffles and barriers replaced by CP
 versions of their PTX semantics; every CUDA thread is a cooperative fiber, warps drift at
 random, shared memory starts as NaN, the scratch between the kernels and the outputs are
 NaN-poisoned, and a cp.async copy lands only when its thread waits for its group. The
-prep grid runs first, then the state grid, as the candidate launches them; the result is
-checked against the float64 recurrence with the judge's bounds.
+prep grid runs first, then the state grid, as the candidate launches them (with segments
+> 1, range by range: the prep of a chunk range, then its walk); the result is checked
+against the float64 recurrence with the judge's bounds.
 
 It covers both state steps, both prep layouts and both ring depths, with the first
 design (`cta`, `full`, one slot) as a control. Every buffer carries a canary tail and the
