@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
     // scratch and outputs NaN-poisoned: an element a kernel forgets to write shows up
     std::vector<bf16_t> qg(blocks * C * KD, 0x7fc0), w(blocks * C * KD, 0x7fc0), ut(blocks * C * KD, 0x7fc0),
         kd(blocks * C * KD, 0x7fc0), p(blocks * C * C, 0x7fc0), out(ntok * KD, 0x7fc0);
-    std::vector<float> gc(blocks * KD, NAN), fin((size_t)B * H * KD * KD, NAN), carry((size_t)B * H * KD * KD, NAN);
+    std::vector<float> gc(blocks * KD, NAN), fin((size_t)B * H * KD * KD, NAN), carry(2 * (size_t)B * H * KD * KD, NAN);
     // inputs must come back bit for bit; every buffer must keep its canary tail
     const auto q0 = q, k0 = k, v0 = v, g0 = g, beta0 = beta;
     const auto alog0 = alog, dt0 = dt, init0 = init;
@@ -156,14 +156,15 @@ int main(int argc, char** argv) {
     const float scale = 1.f / std::sqrt((float)KD);
     // SEG contiguous chunk ranges, empty ones dropped, as the candidate splits them; each
     // range's prep, then its state walk (so a walk that read a later range's scratch would
-    // read NaN), the state carried from range to range in place through `carry`
+    // read NaN), the state carried from range to range through the two halves of `carry`
     std::set<int> bset;
     for (int s = 0; s <= SEG; ++s) bset.insert(NC * s / SEG);
     const std::vector<int> bounds(bset.begin(), bset.end());
     for (size_t i = 0; i + 1 < bounds.size(); ++i) {
         const int c0 = bounds[i], c1 = bounds[i + 1];
-        const float* s_in = c0 == 0 ? init.data() : carry.data();
-        float* s_out = c1 == NC ? fin.data() : carry.data();
+        const size_t half = (size_t)B * H * KD * KD;
+        const float* s_in = c0 == 0 ? init.data() : carry.data() + (i - 1) % 2 * half;
+        float* s_out = c1 == NC ? fin.data() : carry.data() + i % 2 * half;
         g_body = [&] {
             prep_k::kda_prep_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), T, H,
                                     qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data() PREP_EXTRA_ARGS);
