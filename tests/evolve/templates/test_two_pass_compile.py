@@ -33,6 +33,8 @@ POINTS = [
     ({"state_step": "wgmma", "stages": 3, "out_store": "inline"}, 232),   # three slots fit only here
     ({"prep_schedule": "persistent"}, 232),   # the prep looping over chunks, two CTAs per SM
     ({**WL, "prep_schedule": "persistent"}, 255),
+    ({"segments": 4}, 232),   # the same kernels as the defaults, launched per chunk range
+    ({"segments": 2, "out_store": "deferred"}, 232),
 ]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
@@ -43,7 +45,7 @@ def test_family_loads_and_defaults_are_admitted():
     fam = load_family(TEMPLATES / "two_pass")
     assert fam.check(fam.defaults) == []
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
-                                 "uo_blocks", "out_store", "prep_schedule"}
+                                 "uo_blocks", "out_store", "prep_schedule", "segments"}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -53,6 +55,9 @@ def test_family_loads_and_defaults_are_admitted():
     ({"state_step": "warp_local", "v_block": 32, "state_warps": 8}, "16 value rows"),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 8}, "16 value rows"),
     ({"prep_smem": "lean", "prep_schedule": "persistent"}, "persistent schedule"),
+    ({"segments": 2, "prep_schedule": "persistent"}, "chunk range"),
+    ({"segments": 4, "state_step": "cta", "stages": 1}, "chunk range"),
+    ({"segments": 8, "prep_smem": "lean"}, "chunk range"),
 ])
 def test_constraints_reject(overrides, message):
     from evolve.families import load_family

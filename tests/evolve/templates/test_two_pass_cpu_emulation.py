@@ -6,8 +6,9 @@ ldmatrix, mma.sync, cp.async, bf16 packing, shuffles and barriers replaced by CP
 versions of their PTX semantics; every CUDA thread is a cooperative fiber, warps drift at
 random, shared memory starts as NaN, the scratch between the kernels and the outputs are
 NaN-poisoned, and a cp.async copy lands only when its thread waits for its group. The
-prep grid runs first, then the state grid, as the candidate launches them; the result is
-checked against the float64 recurrence with the judge's bounds.
+prep grid runs first, then the state grid, as the candidate launches them (with segments
+> 1, range by range: the prep of a chunk range, then its walk); the result is checked
+against the float64 recurrence with the judge's bounds.
 
 It covers both state steps, both prep layouts and both ring depths, with the first
 design (`cta`, `full`, one slot) as a control. Every buffer carries a canary tail and the
@@ -132,7 +133,7 @@ int main(int argc, char** argv) {
     const char* dir = argv[1];
     const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
     const unsigned seed = (unsigned)std::atoi(argv[5]);
-    const int VB = std::atoi(argv[6]), NW = std::atoi(argv[7]);
+    const int VB = std::atoi(argv[6]), NW = std::atoi(argv[7]), SEG = std::atoi(argv[8]);
     const int KD = 128, C = 64, NC = (T + C - 1) / C;
     const size_t ntok = (size_t)B * T * H, blocks = (size_t)B * H * NC;
     auto q = load<bf16_t>(dir, "q.bin", ntok * KD), k = load<bf16_t>(dir, "k.bin", ntok * KD);
@@ -143,36 +144,50 @@ int main(int argc, char** argv) {
     // scratch and outputs NaN-poisoned: an element a kernel forgets to write shows up
     std::vector<bf16_t> qg(blocks * C * KD, 0x7fc0), w(blocks * C * KD, 0x7fc0), ut(blocks * C * KD, 0x7fc0),
         kd(blocks * C * KD, 0x7fc0), p(blocks * C * C, 0x7fc0), out(ntok * KD, 0x7fc0);
-    std::vector<float> gc(blocks * KD, NAN), fin((size_t)B * H * KD * KD, NAN);
+    std::vector<float> gc(blocks * KD, NAN), fin((size_t)B * H * KD * KD, NAN), carry(2 * (size_t)B * H * KD * KD, NAN);
     // inputs must come back bit for bit; every buffer must keep its canary tail
     const auto q0 = q, k0 = k, v0 = v, g0 = g, beta0 = beta;
     const auto alog0 = alog, dt0 = dt, init0 = init;
     const size_t nq = guard(q), nk = guard(k), nv = guard(v), ng = guard(g), nbeta = guard(beta);
     const size_t nalog = guard(alog), ndt = guard(dt), ninit = guard(init);
     const size_t nqg = guard(qg), nw = guard(w), nut = guard(ut), nkd = guard(kd), np_ = guard(p);
-    const size_t nout = guard(out), ngc = guard(gc), nfin = guard(fin);
+    const size_t nout = guard(out), ngc = guard(gc), nfin = guard(fin), ncarry = guard(carry);
     std::mt19937 rng(seed);
-    g_body = [&] {
-        prep_k::kda_prep_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), T, H,
-                                qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data() PREP_EXTRA_ARGS);
-    };
-    int rc = run_grid(PREP_GRID, 256, prep_k::prep_smem, sizeof prep_k::prep_smem, rng);
-    if (rc) return rc;
     const float scale = 1.f / std::sqrt((float)KD);
-    g_body = [&] {
-        state_k::kda_state_kernel(qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data(), init.data(),
-                                  out.data(), fin.data(), T, H, NC, scale);
-    };
-    g_wg_smem = state_k::state_smem;
-    g_wg_smem_bytes = sizeof state_k::state_smem;
-    rc = run_grid({(unsigned)(KD / VB), (unsigned)H, (unsigned)B}, NW * 32, state_k::state_smem, sizeof state_k::state_smem, rng);
-    if (rc) return rc;
+    // SEG contiguous chunk ranges, empty ones dropped, as the candidate splits them; each
+    // range's prep, then its state walk (so a walk that read a later range's scratch would
+    // read NaN), the state carried from range to range through the two halves of `carry`
+    std::set<int> bset;
+    for (int s = 0; s <= SEG; ++s) bset.insert(NC * s / SEG);
+    const std::vector<int> bounds(bset.begin(), bset.end());
+    for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+        const int c0 = bounds[i], c1 = bounds[i + 1];
+        const size_t half = (size_t)B * H * KD * KD;
+        const float* s_in = c0 == 0 ? init.data() : carry.data() + (i - 1) % 2 * half;
+        float* s_out = c1 == NC ? fin.data() : carry.data() + i % 2 * half;
+        g_body = [&] {
+            prep_k::kda_prep_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), T, H,
+                                    qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data() PREP_EXTRA_ARGS);
+        };
+        int rc = run_grid(PREP_GRID, 256, prep_k::prep_smem, sizeof prep_k::prep_smem, rng);
+        if (rc) return rc;
+        g_body = [&] {
+            state_k::kda_state_kernel(qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data(), s_in,
+                                      out.data(), s_out, T, H, NC STATE_EXTRA_ARGS, scale);
+        };
+        g_wg_smem = state_k::state_smem;
+        g_wg_smem_bytes = sizeof state_k::state_smem;
+        rc = run_grid({(unsigned)(KD / VB), (unsigned)H, (unsigned)B}, NW * 32, state_k::state_smem,
+                      sizeof state_k::state_smem, rng);
+        if (rc) return rc;
+    }
     bool intact = guard_intact(q, nq, "q") & guard_intact(k, nk, "k") & guard_intact(v, nv, "v")
         & guard_intact(g, ng, "g") & guard_intact(beta, nbeta, "beta") & guard_intact(alog, nalog, "A_log")
         & guard_intact(dt, ndt, "dt_bias") & guard_intact(init, ninit, "initial_state")
         & guard_intact(qg, nqg, "qg") & guard_intact(w, nw, "w") & guard_intact(ut, nut, "ut")
         & guard_intact(kd, nkd, "kd") & guard_intact(p, np_, "p") & guard_intact(gc, ngc, "gc")
-        & guard_intact(out, nout, "output") & guard_intact(fin, nfin, "final_state");
+        & guard_intact(out, nout, "output") & guard_intact(fin, nfin, "final_state")
+        & guard_intact(carry, ncarry, "carry");
     if (!intact) return 6;
     q.resize(nq); k.resize(nk); v.resize(nv); g.resize(ng); beta.resize(nbeta);
     alog.resize(nalog); dt.resize(ndt); init.resize(ninit);
@@ -208,11 +223,19 @@ def build(cand: Path, work: Path) -> Path:
     (work / "kda_tiles.cuh").write_text(tiles)
     shutil.copy(cand / "iket.cuh", work / "iket.cuh")
     # The persistent prep takes NC and B and runs on a few CTAs that loop over the chunks
-    # (three here: each takes several chunks, so both tile pairs and the hand-over are used).
-    persistent = "int NC, int B)" in (cand / "kda_prep.cu").read_text()
-    launch = ("#define PREP_EXTRA_ARGS , NC, B\n#define PREP_GRID {3u, 1u, 1u}\n" if persistent else
-              "#define PREP_EXTRA_ARGS\n#define PREP_GRID {(unsigned)NC, (unsigned)H, (unsigned)B}\n")
-    (work / "harness.cpp").write_text(launch + HARNESS)
+    # (three here: each takes several chunks, so both tile pairs and the hand-over are used);
+    # the grid tiles prep takes the first chunk of its launch and NC, the wgmma state walk
+    # its chunk range. The harness launches them per range [c0, c1).
+    prep_src, state_src = (cand / "kda_prep.cu").read_text(), (cand / "kda_state.cu").read_text()
+    if "int NC, int B)" in prep_src:
+        launch = "#define PREP_EXTRA_ARGS , NC, B\n#define PREP_GRID {3u, 1u, 1u}\n"
+    elif "int c_first, int NC)" in prep_src:
+        launch = "#define PREP_EXTRA_ARGS , c0, NC\n#define PREP_GRID {(unsigned)(c1 - c0), (unsigned)H, (unsigned)B}\n"
+    else:
+        launch = "#define PREP_EXTRA_ARGS\n#define PREP_GRID {(unsigned)NC, (unsigned)H, (unsigned)B}\n"
+    launch += ("#define STATE_EXTRA_ARGS , c0, c1\n" if "int c_begin, int c_end," in state_src
+               else "#define STATE_EXTRA_ARGS\n")
+    (work / "harness.cpp").write_text("#include <set>\n" + launch + HARNESS)
     exe = work / "kda_two_pass_cpu"
     res = subprocess.run([GXX, "-std=c++17", "-O1", "-fno-strict-aliasing", "-w", "-o", str(exe),
                           str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
@@ -220,7 +243,7 @@ def build(cand: Path, work: Path) -> Path:
     return exe
 
 
-def run_case(exe: Path, work: Path, B, T, H, regime, seed, v_block, state_warps):
+def run_case(exe: Path, work: Path, B, T, H, regime, seed, v_block, state_warps, segments=1):
     rng = np.random.default_rng(seed)
     per_batch = [_inputs(rng, T, H, regime) for _ in range(B)]
     q, k, v, g, beta = (np.stack([pb[i] for pb in per_batch]) for i in range(5))
@@ -231,7 +254,8 @@ def run_case(exe: Path, work: Path, B, T, H, regime, seed, v_block, state_warps)
     np.float32(A_log).tofile(work / "A_log.bin")
     np.float32(dt_bias).tofile(work / "dt_bias.bin")
     np.float32(S0).tofile(work / "init.bin")
-    res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed), str(v_block), str(state_warps)],
+    res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed), str(v_block), str(state_warps),
+                          str(segments)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"rc={res.returncode}: {res.stderr[-2000:]}"
     out = (np.fromfile(work / "out.bin", np.uint16).astype(np.uint32) << 16).view(np.float32)
@@ -268,10 +292,19 @@ POINTS = [
     ({}, [(1, 200, 1, "saturated"), (1, 65, 2, "scored"), (2, 33, 1, "switch")]),   # the defaults
     ({"state_step": "wgmma", "stages": 1, "v_block": 64, "state_warps": 4}, [(1, 129, 1, "scored")]),
     ({"prep_schedule": "persistent"}, [(1, 200, 1, "saturated"), (2, 129, 2, "scored"), (1, 17, 1, "scored")]),
+    # the sequence in chunk ranges, each prepared and walked in turn (the state carried
+    # between walks): ranges of one chunk and of several, boundaries inside the sequence,
+    # a last chunk cut short, fewer chunks than ranges (T = 17, 129 with 4 or 8)
+    ({"segments": 2}, [(2, 129, 1, "scored"), (2, 200, 1, "saturated"), (2, 257, 1, "scored"), (1, 17, 1, "scored")]),
+    ({"segments": 4}, [(2, 129, 1, "scored"), (2, 200, 1, "switch"), (2, 257, 1, "scored"), (1, 17, 1, "scored")]),
+    ({"segments": 4, "out_store": "deferred"}, [(2, 257, 1, "scored"), (2, 200, 1, "saturated")]),
+    ({"segments": 8, "stages": 2}, [(1, 600, 1, "scored"), (2, 129, 1, "scored")]),
+    ({"segments": 8, "stages": 1, "v_block": 64, "state_warps": 4}, [(2, 257, 1, "scored")]),
 ]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
        "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
-       "wgmma_vb64_s1", "persistent_prep"]
+       "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
+       "segments_8_vb64_s1"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
@@ -280,4 +313,5 @@ def test_kernel_sources_on_cpu(render_point, tmp_path, overrides, cases):
     params = {**fam.defaults, **overrides}
     exe = build(cand, tmp_path / "cpu")
     for i, (B, T, H, regime) in enumerate(cases):
-        run_case(exe, tmp_path / "cpu", B, T, H, regime, 200 + i, params["v_block"], params["state_warps"])
+        run_case(exe, tmp_path / "cpu", B, T, H, regime, 200 + i, params["v_block"], params["state_warps"],
+                 params["segments"])

@@ -65,4 +65,4 @@ def test_defaults_unchanged():
     # the fastest point measured (docs/benchmarks.md, the instruction diet); change with a new measurement
     assert fam.defaults == {"chunk": 64, "v_block": 128, "state_warps": 8, "stages": 3,
                             "state_step": "wgmma", "prep_smem": "tiles", "uo_blocks": 2,
-                            "out_store": "inline", "prep_schedule": "grid"}
+                            "out_store": "inline", "prep_schedule": "grid", "segments": 1}

@@ -45,8 +45,9 @@ def _host(data, name):
     {"stages": 2, "out_store": "inline"},
     {"stages": 1, "prep_smem": "lean", "out_store": "inline"},
     {"prep_schedule": "persistent"},
+    {"segments": 4},   # chunk ranges pipelined on two streams, the state carried between walks
 ], ids=["defaults", "cta_full_s1", "cta_vb64", "wl_full", "wl_vb64_s1", "cta_lean", "wl_lean", "wl_uo1", "warp_local",
-        "wgmma_s2", "wgmma_s1_lean", "persistent_prep"])
+        "wgmma_s2", "wgmma_s1_lean", "persistent_prep", "segments_4"])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
     cand, _ = render_point("two_pass", **overrides)
@@ -88,3 +89,28 @@ def test_iket_dump_matches_launch(render_point, tmp_path, monkeypatch):
         assert set(np.unique(rec["stage"]).astype(str)) == set(meta["stages"])
         assert (rec["end_ns"] >= rec["start_ns"]).all()
         assert meta["chunk_stage"] in meta["stages"].values()
+
+
+@pytest.mark.parametrize("segments", [2, 4, 8])
+def test_segments_match_one_walk_on_the_callers_stream(render_point, segments):
+    """Chunk ranges on side streams give the bits of one prep and one walk (the state is
+    carried in fp32, exactly), and fn's work sits on the caller's stream between what the
+    caller enqueued before and after it: results copied out on that stream are whole."""
+    B, T, H = 2, 1000, 4   # 16 chunks: ranges of several chunks, boundaries inside the sequence
+    results = {}
+    for seg in (1, segments):
+        cand, _ = render_point("two_pass", segments=seg)
+        data = kda_launch.random_inputs(B, T, H, seed=7)
+        fn = load_solution(cand).setup(data, B, T, H)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            for _ in range(2):
+                data["output"][...] = kda_launch.to_bf16(cupy.full(data["output"].shape, np.nan, cupy.float32))
+                data["final_state"].fill(np.nan)
+                fn()
+                out, state = data["output"].view(cupy.uint16).copy(), data["final_state"].copy()
+        stream.synchronize()
+        results[seg] = (out.get(), state.get())
+    assert np.isfinite(kda_launch.bf16_to_f32(cupy.asarray(results[segments][0])).get()).all()
+    assert (results[segments][0] == results[1][0]).all(), "output differs from the one-walk launch"
+    assert (results[segments][1].view(np.uint32) == results[1][1].view(np.uint32)).all(), "final state differs"
