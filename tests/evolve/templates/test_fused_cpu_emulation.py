@@ -400,7 +400,8 @@ def _bits(x):
     return (bf16(x).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def run_case(exe: Path, work: Path, B, T, H, regime, seed):
+def write_case(work: Path, B, T, H, regime, seed) -> tuple:
+    """Random inputs of one case written where the CPU build reads them; returns them."""
     rng = np.random.default_rng(seed)
     per_batch = [_inputs(rng, T, H, regime) for _ in range(B)]
     q, k, v, g, beta = (np.stack([pb[i] for pb in per_batch]) for i in range(5))
@@ -411,9 +412,12 @@ def run_case(exe: Path, work: Path, B, T, H, regime, seed):
     np.float32(A_log).tofile(work / "A_log.bin")
     np.float32(dt_bias).tofile(work / "dt_bias.bin")
     np.float32(S0).tofile(work / "init.bin")
-    res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, f"rc={res.returncode}: {res.stderr[-2000:]}"
+    return q, k, v, g, beta, A_log, dt_bias, S0
+
+
+def check_case(work: Path, inputs: tuple, B, T, H, regime) -> None:
+    """The CPU build's outputs against the float64 recurrence, with the judge's bounds."""
+    q, k, v, g, beta, A_log, dt_bias, S0 = inputs
     out = (np.fromfile(work / "out.bin", np.uint16).astype(np.uint32) << 16).view(np.float32)
     out = out.reshape(B, T, H, K).astype(np.float64)
     fin = np.fromfile(work / "final.bin", np.float32).reshape(B, H, K, K).astype(np.float64)
@@ -426,6 +430,14 @@ def run_case(exe: Path, work: Path, B, T, H, regime, seed):
         ok_s, r_s = _judge(fin[bz], ref_s)
         assert ok_o and ok_s, (B, T, regime, bz, r_o, r_s)
         assert r_o < 0.01 and r_s < 0.01, (r_o, r_s)
+
+
+def run_case(exe: Path, work: Path, B, T, H, regime, seed):
+    inputs = write_case(work, B, T, H, regime, seed)
+    res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"rc={res.returncode}: {res.stderr[-2000:]}"
+    check_case(work, inputs, B, T, H, regime)
 
 
 @pytest.mark.parametrize("overrides, cases", [

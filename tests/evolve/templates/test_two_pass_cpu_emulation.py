@@ -22,12 +22,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from .test_chunked_math import recurrence, _inputs
-from .test_fused_cpu_emulation import DRIVER, GXX, PRELUDE, PRIMITIVES, _bits, _strip_functions
-from .test_fused_schedule import _judge, bf16
+from .test_fused_cpu_emulation import DRIVER, GXX, PRELUDE, PRIMITIVES, _strip_functions, check_case, write_case
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
 K = 128
@@ -244,32 +241,12 @@ def build(cand: Path, work: Path) -> Path:
 
 
 def run_case(exe: Path, work: Path, B, T, H, regime, seed, v_block, state_warps, segments=1):
-    rng = np.random.default_rng(seed)
-    per_batch = [_inputs(rng, T, H, regime) for _ in range(B)]
-    q, k, v, g, beta = (np.stack([pb[i] for pb in per_batch]) for i in range(5))
-    A_log, dt_bias = per_batch[0][5], per_batch[0][6]
-    S0 = np.stack([pb[7] for pb in per_batch])
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        _bits(x).tofile(work / f"{name}.bin")
-    np.float32(A_log).tofile(work / "A_log.bin")
-    np.float32(dt_bias).tofile(work / "dt_bias.bin")
-    np.float32(S0).tofile(work / "init.bin")
+    inputs = write_case(work, B, T, H, regime, seed)
     res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed), str(v_block), str(state_warps),
                           str(segments)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"rc={res.returncode}: {res.stderr[-2000:]}"
-    out = (np.fromfile(work / "out.bin", np.uint16).astype(np.uint32) << 16).view(np.float32)
-    out = out.reshape(B, T, H, K).astype(np.float64)
-    fin = np.fromfile(work / "final.bin", np.float32).reshape(B, H, K, K).astype(np.float64)
-    rb = lambda x: bf16(x).astype(np.float64)
-    for bz in range(B):
-        ref_o, ref_s = recurrence(rb(q[bz]), rb(k[bz]), rb(v[bz]), rb(g[bz]), rb(beta[bz]),
-                                  np.float32(A_log).astype(np.float64), np.float32(dt_bias).astype(np.float64),
-                                  np.float32(S0[bz]).astype(np.float64), K ** -0.5)
-        ok_o, r_o = _judge(out[bz], ref_o)
-        ok_s, r_s = _judge(fin[bz], ref_s)
-        assert ok_o and ok_s, (B, T, regime, bz, r_o, r_s)
-        assert r_o < 0.01 and r_s < 0.01, (r_o, r_s)
+    check_case(work, inputs, B, T, H, regime)
 
 
 # Points at T = 1, 17, 65, 129 (H = 1) and the gate at its -5 floor; the first design (the
