@@ -1,7 +1,11 @@
 """The two_pass points that existed before `state_step` and `prep_smem` were added render
 the same CUDA sources as they did (digests recorded before the change), so their kernel
 timings stay valid; the new parameters only add points. The digests cover the `.cu` and
-`.cuh` files alone: `solution.py` changed since, to keep the scratch alive after setup."""
+`.cuh` files alone: `solution.py` changed since, to keep the scratch alive after setup.
+
+The full and lean prep kernels are also pinned as the compiler reads them (comments and
+whitespace normalised, every admitted point): the guarantee that merging their templates
+into one changed neither kernel, whatever the comments and layout of the template."""
 from __future__ import annotations
 
 import hashlib
@@ -66,3 +70,36 @@ def test_defaults_unchanged():
     assert fam.defaults == {"chunk": 64, "v_block": 128, "state_warps": 8, "stages": 3,
                             "state_step": "wgmma", "prep_smem": "tiles", "uo_blocks": 2,
                             "out_store": "inline", "prep_schedule": "grid", "segments": 1}
+
+
+# ---- the full and lean prep kernels, as the compiler sees them --------------------------
+# sha256 of each distinct normalised kda_prep.cu over every admitted point with
+# prep_smem "full" or "lean", keyed by the parameters that change it (no other parameter
+# does: the prep kernel does not see the state kernel's). Recorded before the two
+# templates were merged into one.
+PREP_BEFORE = {
+    ("full", 64): "13eb8987130843df0dd73e6874ee052bbb30d3373aeda72706c1ca57630278fb",
+    ("lean", 64): "f822bff08c743e85391d0c91875aae57f8598694aad426e4980507a7b97581a9",
+}
+
+
+def _normalised(cuda: str) -> str:
+    """The source without comments, every whitespace run one space: what the compiler
+    reads, so a comment or a line break moved while editing the template does not count."""
+    cuda = re.sub(r"//[^\n]*|/\*.*?\*/", " ", cuda, flags=re.S)
+    return re.sub(r"\s+", " ", cuda).strip()
+
+
+def test_full_and_lean_prep_kernels_unchanged():
+    from evolve.families import load_family
+    from evolve.render import render_sources
+
+    fam = load_family(TEMPLATES / "two_pass")
+    seen: dict[tuple[object, ...], set[str]] = {}
+    for point in fam.points():
+        if point["prep_smem"] not in ("full", "lean"):
+            continue
+        cuda = render_sources(fam, point)["kda_prep.cu"].decode()
+        key = (point["prep_smem"], point["chunk"])
+        seen.setdefault(key, set()).add(hashlib.sha256(_normalised(cuda).encode()).hexdigest())
+    assert {key: sorted(d) for key, d in seen.items()} == {key: [d] for key, d in PREP_BEFORE.items()}
