@@ -286,6 +286,31 @@ def test_the_candidate_works_on_memory_its_own_host_made(tmp_path):
     assert len(batch.snapshots) == 2
 
 
+
+def test_closing_a_host_outside_the_judge_kills_none_of_its_drivers_children(tmp_path):
+    # A process that drives hosts without being the judge (these tests, a script) is no
+    # subreaper: closing a host once swept every other child of it too (the suite's
+    # session server, its PostgreSQL), which only the judge's own process may do.
+    from judge.hostproc import HostProcess
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        be = make_backend("cpu")
+        probe = tmp_path / "probe"
+        probe.mkdir()
+        (probe / "solution.py").write_text(PROBE)
+        arena = Arena(be)
+        host = HostProcess(arena, KDA / "judge", "candidate", "cpu", tmp_path, "probe", cand_dir=probe)
+        try:
+            host.request({"op": "load", "dir": host.candidate_dir})
+        finally:
+            host.close()
+            arena.free_all()
+        assert bystander.poll() is None, "closing a host killed a process it did not start"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
 CPU_FOOTING = textwrap.dedent("""
     # Tells through its final state how many BLAS threads it was given and by how many KiB
     # its host's resident memory grew between the end of setup and its first call (the

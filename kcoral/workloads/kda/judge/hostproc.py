@@ -48,10 +48,18 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
+# Set once this process is the judge's own (protect_judge): only then are orphans of closed
+# hosts re-parented to it, and only then is every other descendant one of the hosts' leftovers.
+_subreaper: list[bool] = []
+
+
 def protect_judge() -> dict:
     """The judge's own process: not dumpable (no same-uid process may read its memory or
     open its descriptors through /proc) and a subreaper of everything its hosts start."""
-    return {"non_dumpable": _prctl(PR_SET_DUMPABLE, 0), "subreaper": _prctl(PR_SET_CHILD_SUBREAPER, 1)}
+    got = {"non_dumpable": _prctl(PR_SET_DUMPABLE, 0), "subreaper": _prctl(PR_SET_CHILD_SUBREAPER, 1)}
+    if got["subreaper"]:
+        _subreaper.append(True)
+    return got
 
 
 _drop: list[bool] = []
@@ -203,5 +211,9 @@ def _chown_tree(path: Path, uid: int) -> None:
 
 def sweep_orphans() -> None:
     """Kill every descendant of the judge that is not a live host or inside one. Orphans
-    of closed hosts were re-parented to the judge (its subreaper flag)."""
-    sandboxed.kill_orphans(keep=set(_live))
+    of closed hosts were re-parented to the judge (its subreaper flag). A process that
+    drives hosts without being the judge (a test, a benchmark script) is no subreaper:
+    nothing is re-parented to it, and its other children (servers, databases) are its own,
+    so nothing is swept there."""
+    if _subreaper:
+        sandboxed.kill_orphans(keep=set(_live))
