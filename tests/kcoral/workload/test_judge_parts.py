@@ -2,6 +2,7 @@
 clock rule, and the runner refusing a report the judge did not sign."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -259,28 +260,36 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def test_the_candidate_works_on_memory_its_own_host_made(tmp_path):
-    # On the H200 a kernel reading the judge's CUDA IPC buffers ran 18x slower than on the
-    # same data in its own memory: the host makes the memory, the judge maps it and writes.
-    from judge.calls import Session
+@contextlib.contextmanager
+def _loaded_host(tmp_path, source: str):
+    """A CPU candidate host of `source` (its solution.py), loaded, closed afterwards."""
     from judge.hostproc import HostProcess
-    from judge.inputs import regime_inputs
-    from judge.spec import load_spec
 
-    be = make_backend("cpu")
-    spec = load_spec(KDA / "forward_cpu_small" / "workload.json")
     probe = tmp_path / "probe"
     probe.mkdir()
-    (probe / "solution.py").write_text(PROBE)
+    (probe / "solution.py").write_text(source)
+    be = make_backend("cpu")
     arena = Arena(be)
     host = HostProcess(arena, KDA / "judge", "candidate", "cpu", tmp_path, "probe", cand_dir=probe)
     try:
         host.request({"op": "load", "dir": host.candidate_dir})
-        one = regime_inputs(be, spec, spec.T, 1)
-        batch = Session(be, spec, arena, host, spec.T, one).batch([lambda: one] * 2)
+        yield be, arena, host
     finally:
         host.close()
         arena.free_all()
+
+
+def test_the_candidate_works_on_memory_its_own_host_made(tmp_path):
+    # On the H200 a kernel reading the judge's CUDA IPC buffers ran 18x slower than on the
+    # same data in its own memory: the host makes the memory, the judge maps it and writes.
+    from judge.calls import Session
+    from judge.inputs import regime_inputs
+    from judge.spec import load_spec
+
+    spec = load_spec(KDA / "forward_cpu_small" / "workload.json")
+    with _loaded_host(tmp_path, PROBE) as (be, arena, host):
+        one = regime_inputs(be, spec, spec.T, 1)
+        batch = Session(be, spec, arena, host, spec.T, one).batch([lambda: one] * 2)
     for snap in batch.snapshots:
         assert float(np.asarray(snap["final_state"]).min()) == 1.0, host.log_tail(2000)
     assert len(batch.snapshots) == 2
@@ -291,21 +300,10 @@ def test_closing_a_host_outside_the_judge_kills_none_of_its_drivers_children(tmp
     # A process that drives hosts without being the judge (these tests, a script) is no
     # subreaper: closing a host once swept every other child of it too (the suite's
     # session server, its PostgreSQL), which only the judge's own process may do.
-    from judge.hostproc import HostProcess
-
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        be = make_backend("cpu")
-        probe = tmp_path / "probe"
-        probe.mkdir()
-        (probe / "solution.py").write_text(PROBE)
-        arena = Arena(be)
-        host = HostProcess(arena, KDA / "judge", "candidate", "cpu", tmp_path, "probe", cand_dir=probe)
-        try:
-            host.request({"op": "load", "dir": host.candidate_dir})
-        finally:
-            host.close()
-            arena.free_all()
+        with _loaded_host(tmp_path, PROBE):
+            pass
         assert bystander.poll() is None, "closing a host killed a process it did not start"
     finally:
         bystander.kill()
@@ -342,24 +340,13 @@ def test_cpu_hosts_run_one_blas_thread_and_grow_no_memory_in_a_call_window(tmp_p
     # baseline between 6.5 and 9.9 ms from trial to trial, and a fresh host's first batch
     # paid the 8 MiB flush buffer's page faults inside the judge's clock (docs/benchmarks.md).
     from judge.calls import Session
-    from judge.hostproc import HostProcess
     from judge.inputs import regime_inputs
     from judge.spec import load_spec
 
-    be = make_backend("cpu")
     spec = load_spec(KDA / "forward_cpu_small" / "workload.json")
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "solution.py").write_text(CPU_FOOTING)
-    arena = Arena(be)
-    host = HostProcess(arena, KDA / "judge", "candidate", "cpu", tmp_path, "probe", cand_dir=probe)
-    try:
-        host.request({"op": "load", "dir": host.candidate_dir})
+    with _loaded_host(tmp_path, CPU_FOOTING) as (be, arena, host):
         one = regime_inputs(be, spec, spec.T, 1)
         batch = Session(be, spec, arena, host, spec.T, one).batch([lambda: one] * 2, spec.timing.flush_bytes)
-    finally:
-        host.close()
-        arena.free_all()
     state = np.asarray(batch.snapshots[0]["final_state"]).reshape(-1)
     assert state[1] == 1.0, host.log_tail(2000)                     # OPENBLAS_NUM_THREADS=1
     flush_kib = spec.timing.flush_bytes // 1024
