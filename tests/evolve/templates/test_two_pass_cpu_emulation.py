@@ -107,6 +107,39 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 }
 """
 
+# CPU version of kda_mma_tf32.cuh's MMA: m16n8k8, operands cut to tf32 (the low 13 mantissa
+# bits dropped, as the hardware ignores them), fp32 accumulate.
+MMA_TF32 = r"""
+#pragma once
+static inline float tf32_cut(unsigned v) { return __uint_as_float(v & 0xffffe000u); }
+__device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    WarpX& w = warp_();
+    const int l = lane_();
+    for (int j = 0; j < 4; ++j) w.a[l][j] = a[j];
+    w.b[l][0] = b0; w.b[l][1] = b1;
+    __syncwarp();
+    const int g = l / 4, q = l % 4;
+    float A[2][8], B[8][2];
+    for (int h = 0; h < 2; ++h)          // rows g and g + 8: a[h] = (row, k = lane % 4), a[2 + h] = (row, k + 4)
+        for (int qq = 0; qq < 4; ++qq) {
+            A[h][qq] = tf32_cut(w.a[g * 4 + qq][h]);
+            A[h][qq + 4] = tf32_cut(w.a[g * 4 + qq][2 + h]);
+        }
+    for (int n = 0; n < 2; ++n)          // columns 2q and 2q + 1: b[0] = (k = lane % 4, n = lane / 4), b[1] = (k + 4, n)
+        for (int qq = 0; qq < 4; ++qq) {
+            B[qq][n] = tf32_cut(w.b[(2 * q + n) * 4 + qq][0]);
+            B[qq + 4][n] = tf32_cut(w.b[(2 * q + n) * 4 + qq][1]);
+        }
+    for (int h = 0; h < 2; ++h)
+        for (int n = 0; n < 2; ++n) {
+            float acc = c[2 * h + n];
+            for (int kk = 0; kk < 8; ++kk) acc += A[h][kk] * B[kk][n];
+            c[2 * h + n] = acc;
+        }
+    __syncwarp();
+}
+"""
+
 HARNESS = r"""
 #include "kda_tiles.cuh"
 #include "iket.cuh"
@@ -218,6 +251,9 @@ def build(cand: Path, work: Path) -> Path:
         assert "asm" not in text, f"{src}: a PTX primitive outside the headers"
         shutil.copy(cand / src, work / src)
     (work / "kda_tiles.cuh").write_text(tiles)
+    tf32 = _strip_functions((cand / "kda_mma_tf32.cuh").read_text(), ["mma_tf32"])
+    assert "asm" not in re.sub(r"//.*", "", tf32), "a PTX primitive was left in kda_mma_tf32.cuh"
+    (work / "kda_mma_tf32.cuh").write_text(tf32.replace("#pragma once", MMA_TF32, 1))
     shutil.copy(cand / "iket.cuh", work / "iket.cuh")
     # The persistent prep takes NC and B and runs on a few CTAs that loop over the chunks
     # (three here: each takes several chunks, so both tile pairs and the hand-over are used);
@@ -277,11 +313,15 @@ POINTS = [
     ({"segments": 4, "out_store": "deferred"}, [(2, 257, 1, "scored"), (2, 200, 1, "saturated")]),
     ({"segments": 8, "stages": 2}, [(1, 600, 1, "scored"), (2, 129, 1, "scored")]),
     ({"segments": 8, "stages": 1, "v_block": 64, "state_warps": 4}, [(2, 257, 1, "scored")]),
+    # the inverse's ways: diagonal blocks inside the products stage, tf32 block products
+    ({"diag_inverse": "in_blocks"}, ALL_T + [(2, 33, 1, "switch")]),
+    ({"inverse_products": "tf32"}, ALL_T + [(2, 33, 1, "switch")]),
+    ({"diag_inverse": "in_blocks", "inverse_products": "tf32"}, ALL_T + [(2, 200, 1, "switch")]),
 ]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
        "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
        "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
-       "segments_8_vb64_s1"]
+       "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
