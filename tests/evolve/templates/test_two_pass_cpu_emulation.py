@@ -140,6 +140,14 @@ __device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], unsign
 }
 """
 
+# CPU versions of kda_approx.cuh: subnormal results flushed to zero
+APPROX = r"""
+#pragma once
+static inline float ftz_(float y) { return std::fabs(y) < 1.17549435e-38f ? 0.f : y; }
+__device__ __forceinline__ float ex2_ftz(float x) { return ftz_(std::exp2(ftz_(x))); }
+__device__ __forceinline__ float rcp_ftz(float x) { return ftz_(1.f / ftz_(x)); }
+"""
+
 HARNESS = r"""
 #include "kda_tiles.cuh"
 #include "iket.cuh"
@@ -254,6 +262,9 @@ def build(cand: Path, work: Path) -> Path:
     tf32 = _strip_functions((cand / "kda_mma_tf32.cuh").read_text(), ["mma_tf32"])
     assert "asm" not in re.sub(r"//.*", "", tf32), "a PTX primitive was left in kda_mma_tf32.cuh"
     (work / "kda_mma_tf32.cuh").write_text(tf32.replace("#pragma once", MMA_TF32, 1))
+    approx = _strip_functions((cand / "kda_approx.cuh").read_text(), ["ex2_ftz", "rcp_ftz"])
+    assert "asm" not in re.sub(r"//.*", "", approx), "a PTX primitive was left in kda_approx.cuh"
+    (work / "kda_approx.cuh").write_text(approx.replace("#pragma once", APPROX, 1))
     shutil.copy(cand / "iket.cuh", work / "iket.cuh")
     # The persistent prep takes NC and B and runs on a few CTAs that loop over the chunks
     # (three here: each takes several chunks, so both tile pairs and the hand-over are used);
@@ -317,11 +328,13 @@ POINTS = [
     ({"diag_inverse": "in_blocks"}, ALL_T + [(2, 33, 1, "switch")]),
     ({"inverse_products": "tf32"}, ALL_T + [(2, 33, 1, "switch")]),
     ({"diag_inverse": "in_blocks", "inverse_products": "tf32"}, ALL_T + [(2, 200, 1, "switch")]),
+    ({"inverse_products": "tf32", "flush_denormals": 1}, ALL_T + [(2, 200, 1, "switch")]),
 ]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
        "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
        "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
-       "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32"]
+       "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32",
+       "tf32_flush_denormals"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
