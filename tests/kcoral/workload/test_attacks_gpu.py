@@ -1,7 +1,7 @@
 """Cheating candidates against the official benchmark on the scored GPU workload, through a
 real GPU server (skipped without CuPy and a GPU; each bench takes about 2.5 minutes on an
 H200, most of it fla's first compile). The cheats wrap the two_pass defaults, whose honest
-figure is 2.38x fla (docs/benchmarks.md): a cheat that passes must not earn more."""
+figure is 3.14x fla (docs/benchmarks.md): a cheat that passes must not earn more."""
 from __future__ import annotations
 
 import shutil
@@ -19,7 +19,7 @@ if not gpu_available():
     pytest.skip("needs CuPy and a CUDA GPU", allow_module_level=True)
 
 FIXTURES = REPO / "tests" / "fixtures"
-HONEST_CEILING = 3.0   # the honest kernel: 2.38x (1.107 ms against fla's 2.630 ms)
+HONEST_CEILING = 3.8   # the honest kernel: 3.14x (0.841 ms against fla's 2.640 ms), 3.13x in an evolve run
 
 
 @pytest.fixture(scope="module")
