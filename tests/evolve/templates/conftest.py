@@ -46,6 +46,15 @@ def cupy_or_skip():
     return cupy
 
 
+# The tiles prep's inverse parameters at the values the other preps take (two_pass's last
+# constraint): the family's defaults are tiles values, so a full or lean point names these.
+NOT_TILES = {"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0}
+
+
+def for_prep(overrides: dict) -> dict:
+    """A two_pass point's overrides, with NOT_TILES added when it leaves the tiles prep."""
+    return {**NOT_TILES, **overrides} if overrides.get("prep_smem", "tiles") != "tiles" else overrides
+
 def parse_ptxas(text: str, kernel: str) -> PtxasReport:
     """Resource lines of `kernel` from `-Xptxas -v` output."""
     start = text.index(f"Compiling entry function '{kernel}'")

@@ -164,13 +164,19 @@ __device__ __forceinline__ void ldsm_x4(unsigned r[4], const bf16_t* p) { ldsm_c
 __device__ __forceinline__ void ldsm_x4_trans(unsigned r[4], const bf16_t* p) { ldsm_common(r, p, true); }
 static inline float bf_lo(unsigned v) { return __uint_as_float(v << 16); }
 static inline float bf_hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
-// mma.m16n8k16 row.col bf16 -> fp32, fragment layouts as documented in kda_tiles.cuh.
-__device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+// An MMA's operands as the warp shares them: every lane's A and B registers, visible to all.
+static inline WarpX& mma_operands(const unsigned a[4], unsigned b0, unsigned b1) {
     WarpX& w = warp_();
     const int l = lane_();
     for (int j = 0; j < 4; ++j) w.a[l][j] = a[j];
     w.b[l][0] = b0; w.b[l][1] = b1;
     __syncwarp();
+    return w;
+}
+// mma.m16n8k16 row.col bf16 -> fp32, fragment layouts as documented in kda_tiles.cuh.
+__device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    WarpX& w = mma_operands(a, b0, b1);
+    const int l = lane_();
     const int g = l / 4, q = l % 4;
     float A[2][16], B[16][2];
     for (int h = 0; h < 2; ++h)          // rows g and g + 8

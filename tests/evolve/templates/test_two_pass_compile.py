@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_ptxas
+from .conftest import TEMPLATES, compile_cubin, compile_ptx, for_prep, needs_nvcc, parse_ptxas
 
 # (overrides, register bound for the state kernel); the prep kernel is capped at 128
 # registers by its launch bounds (two CTAs of 256 threads per SM), at 80 with
@@ -35,7 +35,13 @@ POINTS = [
     ({**WL, "prep_schedule": "persistent"}, 255),
     ({"segments": 4}, 232),   # the same kernels as the defaults, launched per chunk range
     ({"segments": 2, "out_store": "deferred"}, 232),
+    # the inverse's ways (the defaults take all three new ones): fp32 products, a separate diagonal solve, exact subnormals
+    ({"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0}, 232),
+    ({"diag_inverse": "after_blocks"}, 232),
+    ({"inverse_products": "fp32"}, 232),
+    ({"prep_schedule": "persistent", "flush_denormals": 0}, 232),
 ]
+POINTS = [(for_prep(o), bound) for o, bound in POINTS]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
 
 
@@ -45,7 +51,8 @@ def test_family_loads_and_defaults_are_admitted():
     fam = load_family(TEMPLATES / "two_pass")
     assert fam.check(fam.defaults) == []
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
-                                 "uo_blocks", "out_store", "prep_schedule", "segments"}
+                                 "uo_blocks", "out_store", "prep_schedule", "segments", "diag_inverse",
+                                 "inverse_products", "flush_denormals"}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -58,6 +65,9 @@ def test_family_loads_and_defaults_are_admitted():
     ({"segments": 2, "prep_schedule": "persistent"}, "chunk range"),
     ({"segments": 4, "state_step": "cta", "stages": 1}, "chunk range"),
     ({"segments": 8, "prep_smem": "lean"}, "chunk range"),
+    ({"prep_smem": "lean"}, "ways of the tiles prep"),   # the defaults' tf32 inverse exists only in the tiles prep
+    ({"prep_smem": "full", "inverse_products": "fp32", "flush_denormals": 0}, "ways of the tiles prep"),
+    ({"prep_smem": "lean", "diag_inverse": "after_blocks", "inverse_products": "fp32"}, "ways of the tiles prep"),
 ])
 def test_constraints_reject(overrides, message):
     from evolve.families import load_family

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import for_prep
 from .test_fused_cpu_emulation import DRIVER, GXX, PRELUDE, PRIMITIVES, _strip_functions, check_case, write_case
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
@@ -113,11 +114,8 @@ MMA_TF32 = r"""
 #pragma once
 static inline float tf32_cut(unsigned v) { return __uint_as_float(v & 0xffffe000u); }
 __device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-    WarpX& w = warp_();
+    WarpX& w = mma_operands(a, b0, b1);
     const int l = lane_();
-    for (int j = 0; j < 4; ++j) w.a[l][j] = a[j];
-    w.b[l][0] = b0; w.b[l][1] = b1;
-    __syncwarp();
     const int g = l / 4, q = l % 4;
     float A[2][8], B[8][2];
     for (int h = 0; h < 2; ++h)          // rows g and g + 8: a[h] = (row, k = lane % 4), a[2 + h] = (row, k + 4)
@@ -330,6 +328,7 @@ POINTS = [
     ({"diag_inverse": "in_blocks", "inverse_products": "tf32"}, ALL_T + [(2, 200, 1, "switch")]),
     ({"inverse_products": "tf32", "flush_denormals": 1}, ALL_T + [(2, 200, 1, "switch")]),
 ]
+POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
        "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
        "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from .conftest import TEMPLATES
+from .conftest import NOT_TILES, TEMPLATES
 
 # sha256 over the rendered CUDA files (name and bytes, sorted by name), recorded before the change
 BEFORE = {
@@ -57,7 +57,7 @@ def test_existing_points_render_unchanged(stages, state_warps, v_block):
 
     fam = load_family(TEMPLATES / "two_pass")
     params = {**fam.defaults, "stages": stages, "state_warps": state_warps, "v_block": v_block,
-              "state_step": "cta", "prep_smem": "full"}
+              "state_step": "cta", "prep_smem": "full", **NOT_TILES}
     assert fam.check(params) == []
     assert _digest(_compiled_cuda(render_sources(fam, params))) == BEFORE[(stages, state_warps, v_block)]
 
@@ -66,10 +66,11 @@ def test_defaults_unchanged():
     from evolve.families import load_family
 
     fam = load_family(TEMPLATES / "two_pass")
-    # the fastest point measured (docs/benchmarks.md, the instruction diet); change with a new measurement
+    # the fastest point measured (docs/benchmarks.md, the inverse on the tensor cores); change with a new measurement
     assert fam.defaults == {"chunk": 64, "v_block": 128, "state_warps": 8, "stages": 3,
                             "state_step": "wgmma", "prep_smem": "tiles", "uo_blocks": 2,
-                            "out_store": "inline", "prep_schedule": "grid", "segments": 1}
+                            "out_store": "inline", "prep_schedule": "grid", "segments": 1,
+                            "diag_inverse": "in_blocks", "inverse_products": "tf32", "flush_denormals": 1}
 
 
 # ---- the full and lean prep kernels, as the compiler sees them --------------------------

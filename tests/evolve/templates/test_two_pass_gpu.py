@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import TEMPLATES, cupy_or_skip, load_solution
+from .conftest import TEMPLATES, cupy_or_skip, for_prep, load_solution
 from .test_chunked_math import recurrence
 
 pytestmark = pytest.mark.gpu
@@ -55,7 +55,7 @@ def _host(data, name):
         "diag_in_blocks_tf32", "tf32_flush"])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
-    cand, _ = render_point("two_pass", **overrides)
+    cand, _ = render_point("two_pass", **for_prep(overrides))
     H = 2
     data = kda_launch.random_inputs(B, T, H, seed=T + 10 * B)
     before = {n: data[n].copy() for n in ("q", "k", "v", "g", "beta", "initial_state")}
