@@ -173,6 +173,17 @@ static inline WarpX& mma_operands(const unsigned a[4], unsigned b0, unsigned b1)
     __syncwarp();
     return w;
 }
+// c += A B over KK k-steps for the lane's rows g, g + 8 (A) and columns 2q, 2q + 1 (B); then
+// the warp's shared operands may be reused.
+template <int KK> static inline void mma_accumulate(float c[4], const float (&A)[2][KK], const float (&B)[KK][2]) {
+    for (int h = 0; h < 2; ++h)
+        for (int n = 0; n < 2; ++n) {
+            float acc = c[2 * h + n];
+            for (int kk = 0; kk < KK; ++kk) acc += A[h][kk] * B[kk][n];
+            c[2 * h + n] = acc;
+        }
+    __syncwarp();
+}
 // mma.m16n8k16 row.col bf16 -> fp32, fragment layouts as documented in kda_tiles.cuh.
 __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
     WarpX& w = mma_operands(a, b0, b1);
@@ -191,13 +202,7 @@ __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsign
             B[2 * qq][n] = bf_lo(s[0]); B[2 * qq + 1][n] = bf_hi(s[0]);
             B[2 * qq + 8][n] = bf_lo(s[1]); B[2 * qq + 9][n] = bf_hi(s[1]);
         }
-    for (int h = 0; h < 2; ++h)
-        for (int n = 0; n < 2; ++n) {
-            float acc = c[2 * h + n];
-            for (int kk = 0; kk < 16; ++kk) acc += A[h][kk] * B[kk][n];
-            c[2 * h + n] = acc;
-        }
-    __syncwarp();
+    mma_accumulate<16>(c, A, B);
 }
 // named barriers: a thread's arrival counts one; sync waits for the barrier to complete
 __device__ __forceinline__ void named_bar_sync(int id, int n) {

@@ -128,13 +128,7 @@ __device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], unsign
             B[qq][n] = tf32_cut(w.b[(2 * q + n) * 4 + qq][0]);
             B[qq + 4][n] = tf32_cut(w.b[(2 * q + n) * 4 + qq][1]);
         }
-    for (int h = 0; h < 2; ++h)
-        for (int n = 0; n < 2; ++n) {
-            float acc = c[2 * h + n];
-            for (int kk = 0; kk < 8; ++kk) acc += A[h][kk] * B[kk][n];
-            c[2 * h + n] = acc;
-        }
-    __syncwarp();
+    mma_accumulate<8>(c, A, B);
 }
 """
 
