@@ -149,6 +149,11 @@ def test_router_loss_midrequest_is_an_unknown_outcome_and_nodes_rejoin(router_bi
         router.wait_capacity(1, timeout=60)
         done = Client(router.url).execute(sleeper(0.1), timeout_seconds=60)
         assert done.status == "COMPLETED" and done.node_id == "cpu-a"
+        # the node writes a request's log line once its answer is sent, so the client can
+        # hold the answer a moment before the line exists
+        deadline = time.monotonic() + 10
+        while len(node.request_logs()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert len(node.request_logs()) == 2            # the lost program ran once, then this one
     finally:
         if node:
