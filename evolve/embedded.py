@@ -59,13 +59,49 @@ def has_gpu() -> bool:
     return out.returncode == 0 and "GPU" in out.stdout
 
 
-class EmbeddedServer:
-    """Context manager: `with EmbeddedServer() as url: ...`."""
+def baseline_cache_dir(environ: dict[str, str] | None = None) -> Path:
+    """Where the embedded server's baseline compile cache lives: this user's own cache."""
+    environ = dict(os.environ if environ is None else environ)
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kcoral-evolve" / "baseline"
 
-    def __init__(self, cpu_workers: int = 2, startup_timeout_s: float = 60.0, extra_args: list[str] | None = None):
+
+def trusted_baseline_cache(workload: str | Path, cache: Path | None = None) -> Path | None:
+    """A GPU workload timed against fla: compile its baseline once into this user's cache
+    (`kcoral baseline-cache`, about 90 s the first time on an H200, seconds after) and
+    return the folder for the embedded server's --trusted-cache; each bench then starts
+    from it instead of compiling fla again. None (benches compile as before) for other
+    workloads, or when the compile fails, which is said."""
+    from kcoral.bench.staging import BenchInputError, load_workload
+
+    try:
+        spec = load_workload(workload).spec
+    except BenchInputError:
+        return None  # the run's own checks report a bad workload
+    if spec.get("device") != "cuda" or spec.get("baseline", "fla") != "fla":
+        return None
+    cache = cache or baseline_cache_dir()
+    print(f"evolve: compiling the {spec.get('name')} baseline for this machine's benches into {cache} "
+          "(about 90 s the first time)", file=sys.stderr)
+    proc = subprocess.run([sys.executable, "-m", "kcoral", "baseline-cache", str(cache), str(workload)],
+                          capture_output=True, text=True, env=server_environment())
+    if proc.returncode != 0:
+        print(f"evolve: the baseline cache could not be made, so each bench compiles fla itself: "
+              f"{proc.stderr.strip()[-600:]}", file=sys.stderr)
+        return None
+    return cache
+
+
+class EmbeddedServer:
+    """Context manager: `with EmbeddedServer() as url: ...`. With a `workload` on a GPU
+    machine, its baseline's compile cache is made first and served (trusted_baseline_cache)."""
+
+    def __init__(self, cpu_workers: int = 2, startup_timeout_s: float = 60.0, extra_args: list[str] | None = None,
+                 workload: str | Path | None = None):
         self.cpu_workers = cpu_workers
         self.startup_timeout_s = startup_timeout_s
         self.extra_args = extra_args or []
+        self.workload = workload
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self._logdir: str | None = None
@@ -75,6 +111,10 @@ class EmbeddedServer:
         cmd = [sys.executable, "-m", "kcoral_server", "--host", "127.0.0.1", "--port", str(port), *self.extra_args]
         if not has_gpu():
             cmd += ["--cpu-workers", str(self.cpu_workers)]
+        elif self.workload is not None and "--trusted-cache" not in self.extra_args:
+            cache = trusted_baseline_cache(self.workload)
+            if cache is not None:
+                cmd += ["--trusted-cache", str(cache)]
         self._logdir = tempfile.mkdtemp(prefix="evolve-server-")
         log = open(Path(self._logdir) / "server.log", "wb")  # kept open for the child
         # Its own process group, so a terminal's Ctrl-C reaches us first and we stop it in order.

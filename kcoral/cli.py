@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "iket-analyze": "iket_analyze",
     "ncu-metrics": "ncu_metrics",
     "bench": "bench",
+    "baseline-cache": "baseline_cache",
 }
 
 # Exit statuses of the tools themselves (a remote app's own status passes through).

@@ -14,7 +14,7 @@ import uvicorn
 from .app import build_app
 from .auth import BearerAuth, public_token_problem
 from .config import ServerConfig
-from .sandbox import SandboxMode
+from .sandbox import TRUSTED_CACHE, TRUSTED_CACHE_ENV, SandboxMode
 from .joinconfig import RouterJoin
 from .engine import Engine
 from . import reqlog
@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(p, "--max-processes", "max_processes", int, "processes per request, RLIMIT_NPROC")
     _setting(p, "--max-file-bytes", "max_file_bytes", int, "largest file a request writes")
     _setting(p, "--workspace-bytes", "workspace_bytes", int, "size of a request's tmpfs: its workspace, /tmp and /dev/shm")
+    p.add_argument("--trusted-cache", metavar="DIR",
+                   help="a folder of compile caches that trusted code in requests may read (a bench's "
+                        "baseline host starts from its Triton cache instead of compiling fla each time), "
+                        f"shown read-only at {TRUSTED_CACHE} and named by ${TRUSTED_CACHE_ENV}; fill it "
+                        "on this machine with `kcoral baseline-cache DIR`")
     p.add_argument("--no-pin-cpus", dest="pin_cpus", action="store_false", default=_default("pin_cpus"),
                    help="let every request run on every CPU (default: each worker slot's programs run on "
                         "their own share of the server's CPUs, so one request's forks cannot starve the rest)")

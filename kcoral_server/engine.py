@@ -37,7 +37,7 @@ from . import cpusets, privs
 from .pool import WorkerHandle, WorkerPool, WorkerRun, WorkerSpec
 from .reply import Reply, error_reply
 from .reqlog import RequestLog, log_event, log_request
-from .sandbox import SandboxLimits, SandboxMode, SandboxPolicy
+from .sandbox import TRUSTED_CACHE_ENV, SandboxLimits, SandboxMode, SandboxPolicy
 from .scheduler import LeaseScheduler
 from .tempdirs import make_owned_dir, sweep_stale
 from .zygote import Zygote
@@ -122,8 +122,13 @@ class Engine:
                                file_bytes=c.max_file_bytes, workspace_bytes=c.workspace_bytes)
         hidden = [c.state_dir, c.holdout_salt_file, c.token_file, c.node_token_file, c.work_dir, c.blob_dir,
                   self.run_root, self.blobs.directory]
+        trusted_cache = None
+        if c.trusted_cache:
+            trusted_cache = os.path.realpath(c.trusted_cache)
+            if not os.path.isdir(trusted_cache):
+                raise SystemExit(f"kcoral-server: --trusted-cache {c.trusted_cache}: not a folder")
         policy = SandboxPolicy(SandboxMode(c.sandbox), limits, uid_base=c.sandbox_uid,
-                               hidden=[h for h in hidden if h])
+                               hidden=[h for h in hidden if h], trusted_cache=trusted_cache)
         if policy.mode is SandboxMode.BWRAP:
             policy.write_identity(self.run_root, len(self.specs))
             why = policy.probe()
@@ -150,6 +155,9 @@ class Engine:
         env.pop("CUDA_VISIBLE_DEVICES", None)
         # Programs may say how they were isolated (the KDA judge prints it in its report).
         env["KCORAL_SANDBOX"] = self.sandbox.mode.value
+        env.pop(TRUSTED_CACHE_ENV, None)  # only --trusted-cache names one
+        if self.sandbox.trusted_cache:  # unsandboxed, the folder itself (a sandbox shows it read-only)
+            env[TRUSTED_CACHE_ENV] = self.sandbox.trusted_cache
         return env
 
     def _zygote_env(self) -> dict[str, str]:

@@ -31,6 +31,8 @@ TMP = f"{ROOT}/tmp"          # /tmp and $TMPDIR
 SHM = f"{ROOT}/shm"          # /dev/shm
 HOME = f"{ROOT}/home"        # $HOME (CUDA's compute cache, tools' dotfiles)
 TOOLS = "/run/kcoral/path"   # server PATH directories that cannot appear at their own path
+TRUSTED_CACHE = "/run/kcoral/trusted-cache"  # --trusted-cache, read-only
+TRUSTED_CACHE_ENV = "KCORAL_TRUSTED_CACHE"   # where a program finds it
 CACHE = f"{ROOT}/cache"      # $XDG_CACHE_HOME
 CUPY_CACHE = f"{CACHE}/cupy"  # $CUPY_CACHE_DIR: CuPy writes there without creating it
 WRITABLE_DIRS = (WORK, TMP, SHM, HOME, CACHE, CUPY_CACHE)
@@ -101,6 +103,9 @@ class SandboxPolicy:
     privileged: bool = field(default_factory=lambda: os.geteuid() == 0)
     bwrap: str = "bwrap"
     identity: tuple[str, str] | None = None  # (passwd, group) files shown at /etc/passwd and /etc/group
+    # Compile caches only the operator wrote, which trusted code in a request (a bench's
+    # baseline host) copies from: read-only inside, so no program can plant kernels there.
+    trusted_cache: str | None = None
     _ro: list[str] = field(default_factory=list)
     _argv: dict[bool, list[str]] = field(default_factory=dict)
     _path: list[tuple[str, str]] = field(default_factory=list)  # (host dir, sandbox dir) of $PATH
@@ -143,6 +148,8 @@ class SandboxPolicy:
         cache folders pointed into the request's tmpfs, and $PATH as the sandbox shows it."""
         env = dict(base)
         env.update(HOME=HOME, TMPDIR=TMP, CUPY_CACHE_DIR=CUPY_CACHE, XDG_CACHE_HOME=CACHE)
+        if self.trusted_cache:
+            env[TRUSTED_CACHE_ENV] = TRUSTED_CACHE
         if self._path:
             env["PATH"] = os.pathsep.join(dict.fromkeys(inside for _, inside in self._path))
         return env
@@ -190,6 +197,7 @@ class SandboxPolicy:
             "mode": self.mode.value,
             "user_namespace": self.uses_userns,
             "separate_uid": self.mode is SandboxMode.BWRAP and self.privileged,
+            "trusted_cache": bool(self.trusted_cache),
             "limits": {"memory_bytes": self.limits.memory_bytes, "processes": self.limits.processes,
                        "file_bytes": self.limits.file_bytes,
                        "workspace_bytes": self.limits.workspace_bytes if self.mode is SandboxMode.BWRAP else None},
@@ -210,7 +218,7 @@ class SandboxPolicy:
     def _build_argv(self, gpu: bool) -> list[str]:
         """bwrap's options, in the order they must come: later mounts go over earlier ones."""
         tools = [(h, i) for h, i in dict.fromkeys(self._path) if not any(_inside(h, k) for k in self._ro)]
-        parents = self._bind_parents(self._ro + [i for _, i in tools])
+        parents = self._bind_parents(self._ro + [i for _, i in tools] + ([TRUSTED_CACHE] if self.trusted_cache else []))
         under_tmp = [p for p in self._ro if _inside(p, "/tmp")]
         return [self.bwrap_path, *self._namespaces(), *self._host_binds(tools, parents, under_tmp),
                 *self._devices(gpu), *self._workspace(), *self._own_tmp(parents, under_tmp), *self._hiding()]
@@ -248,6 +256,8 @@ class SandboxPolicy:
             a += ["--ro-bind", host, inside]
         if self.identity is not None:
             a += ["--ro-bind", self.identity[0], "/etc/passwd", "--ro-bind", self.identity[1], "/etc/group"]
+        if self.trusted_cache:
+            a += ["--ro-bind", self.trusted_cache, TRUSTED_CACHE]
         return a
 
     def _devices(self, gpu: bool) -> list[str]:

@@ -133,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
     policy = config.promotion if config else PromotionConfig()
     remote = config.remote if config else RemoteConfig()
     url = args.remote or os.environ.get("KCORAL_REMOTE") or remote.url
-    server = nullcontext(url) if url else EmbeddedServer(cpu_workers=remote.embedded_cpu_workers)
+    server = nullcontext(url) if url else EmbeddedServer(cpu_workers=remote.embedded_cpu_workers,
+                                                         workload=workload.path)
     try:
         # One attempt per call: the pipeline owns the retries (evolve.pipeline.errors).
         with server as server_url, Client(server_url, retries=1) as client:

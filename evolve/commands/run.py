@@ -83,7 +83,8 @@ def main(args: argparse.Namespace) -> int:
     # A scheduler's SIGTERM stops the run like Ctrl-C: the run is marked interrupted.
     signal.signal(signal.SIGTERM, _interrupt)
     url = args.remote or os.environ.get("KCORAL_REMOTE") or config.remote.url
-    server = nullcontext(url) if url else EmbeddedServer(cpu_workers=config.remote.embedded_cpu_workers)
+    server = nullcontext(url) if url else EmbeddedServer(cpu_workers=config.remote.embedded_cpu_workers,
+                                                         workload=config.workload_dir)
     try:
         with server as server_url:
             if not url:

@@ -40,6 +40,7 @@ class BenchReport(BaseModel):
     timing_flags: list[str] = Field(default_factory=list)  # trials whose host times were refused
     clock: str | None = None  # which clock the figures come from (the host's call times or the judge's)
     isolation: str = ""  # how the candidate was kept apart from the judge, the baseline and the server
+    trusted_cache: str | None = None  # where the baseline's host found compiled kernels (None: compiled in the run)
     tolerance: str = ""  # the correctness bounds, and what they were set from
     input_key: str = ""  # the run's input key (after the run): every call's inputs can be replayed
     baseline_check: dict[str, Any] | None = None

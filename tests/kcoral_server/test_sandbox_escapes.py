@@ -559,3 +559,28 @@ def test_well_behaved_clients_keep_half_their_throughput_when_a_quarter_is_hosti
         assert _alive_and_healthy(srv)
     print(f"well-behaved throughput {alone:.0f}/s alone, {shared:.0f}/s beside a hostile client")
     assert shared >= 0.5 * alone, f"well-behaved throughput fell from {alone:.0f}/s to {shared:.0f}/s"
+
+
+# ---------------------------------------------------------------------- the trusted cache
+def test_a_program_can_read_the_trusted_cache_but_not_plant_kernels_in_it(tmp_path) -> None:
+    """--trusted-cache holds compiled kernels a bench's baseline host starts from: any
+    program could otherwise plant a slow "baseline" there for every later bench."""
+    cache = tmp_path / "trusted"
+    (cache / "triton" / "abc").mkdir(parents=True)
+    (cache / "triton" / "abc" / "kernel.cubin").write_bytes(b"compiled by the operator")
+    plant = ("def main():\n    root = os.environ['KCORAL_TRUSTED_CACHE']\n"
+             "    seen = open(os.path.join(root, 'triton', 'abc', 'kernel.cubin'), 'rb').read().decode()\n"
+             "    got = {}\n"
+             "    for name in ('triton/abc/kernel.cubin', 'triton/planted.cubin'):\n"
+             "        try:\n            open(os.path.join(root, name), 'wb').write(b'planted')\n"
+             "            got[name] = 'written'\n"
+             "        except OSError as e:\n            got[name] = f'refused: {e.errno}'\n"
+             "    return seen, got\n")
+    with ServerProcess(["--cpu-workers", "1", "--trusted-cache", str(cache)], env={"KCORAL_SERVER_TOKEN": TOKEN}) as srv:
+        health = httpx.get(f"{srv.url}/health", timeout=10, headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        seen, got = _run(srv, plant).raise_for_failure().results["out"]
+    assert health["sandbox"]["trusted_cache"] is True
+    assert seen == "compiled by the operator"
+    assert all(v.startswith("refused") for v in got.values()), got
+    assert (cache / "triton" / "abc" / "kernel.cubin").read_bytes() == b"compiled by the operator"
+    assert not (cache / "triton" / "planted.cubin").exists()

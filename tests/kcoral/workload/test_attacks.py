@@ -33,16 +33,20 @@ def verdict(rep) -> str:
             f"message={rep.message[:600]!r}")
 
 
+# Attacks on a confirmation run: they slow the incumbent timed against them.
+ON_INCUMBENT = ("sabotage_incumbent", "edit_incumbent_files")
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in ATTACKS.iterdir()
-                                        if p.is_dir() and p.name != "sabotage_incumbent"))
+                                        if p.is_dir() and p.name not in ON_INCUMBENT))
 def test_attack_earns_no_inflated_figure(client, tmp_path, name):
     rep = run_bench(client, CPU_WORKLOAD, stage(name, tmp_path), timeout=180)
     assert not rep.passed or rep.speedup < INFLATED, verdict(rep)
 
 
-def test_challenger_cannot_slow_the_incumbent(client, tmp_path):
-    rep = run_bench(client, CPU_WORKLOAD, stage("sabotage_incumbent", tmp_path), timeout=180,
-                    against=REFERENCE)
+@pytest.mark.parametrize("name", ON_INCUMBENT)
+def test_challenger_cannot_slow_the_incumbent(client, tmp_path, name):
+    rep = run_bench(client, CPU_WORKLOAD, stage(name, tmp_path), timeout=180, against=REFERENCE)
     assert not rep.passed or rep.speedup < INFLATED, verdict(rep)
 
 

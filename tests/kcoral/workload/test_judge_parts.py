@@ -263,14 +263,14 @@ PROBE = textwrap.dedent("""
 @contextlib.contextmanager
 def _loaded_host(tmp_path, source: str):
     """A CPU candidate host of `source` (its solution.py), loaded, closed afterwards."""
-    from judge.hostproc import HostProcess
+    from judge.hostproc import HostProcess, Snapshot
 
     probe = tmp_path / "probe"
     probe.mkdir()
     (probe / "solution.py").write_text(source)
     be = make_backend("cpu")
     arena = Arena(be)
-    host = HostProcess(arena, KDA / "judge", "candidate", "cpu", tmp_path, "probe", cand_dir=probe)
+    host = HostProcess(arena, Snapshot(KDA / "judge"), "candidate", "cpu", tmp_path, "probe", candidate=Snapshot(probe))
     try:
         host.request({"op": "load", "dir": host.candidate_dir})
         yield be, arena, host

@@ -20,6 +20,27 @@ def sign(report: dict, key: str) -> dict:
     return {"report": report, "mac": hmac.new(key.encode(), body.encode(), hashlib.sha256).hexdigest()}
 
 
+# Modules of the package that the judge's process never runs.
+NOT_THE_JUDGES = ("__main__", "runner", "test_small")
+
+
+def _import_whole_package(root: Path) -> None:
+    """Every module of the judge now, before any candidate runs: one imported later would be
+    read from files a candidate's host (the judge's uid) may have edited by then. Then the
+    bench folder leaves sys.path, so that no module imported later (the standard library's,
+    say) can be shadowed by a file planted there."""
+    import importlib
+    import pkgutil
+
+    import judge
+
+    for mod in pkgutil.iter_modules(judge.__path__):
+        if mod.name not in NOT_THE_JUDGES:
+            importlib.import_module(f"judge.{mod.name}")
+    here = {str(root), os.path.realpath(root), os.getcwd(), os.path.realpath(os.getcwd())}
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) not in here]
+
+
 def main() -> int:
     request = json.loads(sys.stdin.read() or "{}")
     sys.stdin.close()
@@ -31,6 +52,7 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+    _import_whole_package(root)
     from judge.judge import Judge
 
     report = Judge(root, request.get("holdout_seeds") or [], request.get("holdout_source", "server"),

@@ -1,5 +1,6 @@
 """The host: the process a candidate (or the baseline) runs in, driven call by call by
-the judge: `python -m judge.host FD ROLE DEVICE`.
+the judge: `python -m judge.host FD ROLE DEVICE [WRITABLE...]` (a candidate's host may
+write beneath the WRITABLE folders only, where the kernel can enforce it).
 
 Everything here runs in an untrusted process once a candidate is loaded: the candidate can
 patch any of it. So the host does as little as it can: it makes the memory a session works
@@ -27,6 +28,7 @@ Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "
 from __future__ import annotations
 
 import ctypes
+import os
 import resource
 import socket
 import sys
@@ -36,6 +38,7 @@ from typing import Any, Callable
 
 from .backend import Backend, make_backend
 from .channel import Channel, ChannelClosed
+from .confine import confine_writes
 from .harness import CandidateError, load_solution, tail
 from .memory import Buffer, export, place
 from .preroll import Waiter
@@ -208,15 +211,42 @@ class _Timer:
         return [(b - a) * 1e3 for a, b in self.pairs]
 
 
+def _settle(role: str) -> None:
+    """Before any candidate code: the trusted host imports now what it would import later
+    (nothing is read from its folder once candidates may run beside it), and the working
+    folder, first on sys.path, leaves it, so that no module imported later can be
+    shadowed by a file planted there."""
+    if role == "trusted":
+        from . import baseline, spec  # noqa: F401
+    here = os.path.realpath(os.getcwd())
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != here]
+
+
+def _confine(be: Backend, writable: list[str]) -> None:
+    """A candidate's host gives up writing anywhere but its own folders (confine.py), once
+    its GPU context exists: the driver's start-up writes outside them."""
+    if be.device == "cuda":
+        be.xp.empty(1)
+        be.sync()
+    confine_writes(writable)
+
+
 def main(argv: list[str]) -> int:
-    fd, role, device = int(argv[0]), argv[1], argv[2]
+    fd, role, device, writable = int(argv[0]), argv[1], argv[2], argv[3:]
     _harden()
+    _settle(role)
     chan = Channel(socket.socket(fileno=fd))
     try:
         be = make_backend(device)
     except Exception as exc:  # noqa: BLE001
         chan.send({"ok": False, "kind": "unavailable", "message": str(exc)})
         return 1
+    if role == "candidate" and writable:
+        try:
+            _confine(be, writable)
+        except Exception as exc:  # noqa: BLE001 - the judge promised confinement: no run without it
+            chan.send({"ok": False, "kind": "unavailable", "message": f"the host could not confine itself: {exc}"})
+            return 1
     # Prints of the candidate go to this process's stdout/stderr: the judge's log file.
     Host(chan, role, be).serve()
     return 0

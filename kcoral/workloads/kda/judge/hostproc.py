@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import sandboxed
 from .channel import Channel, ChannelClosed
+from .confine import landlock_abi
 from .harness import CandidateError
 
 PR_SET_DUMPABLE = 4
@@ -82,6 +83,11 @@ def drops_uid() -> bool:
     return _drop[0]
 
 
+def confines_candidates() -> bool:
+    """Whether candidates' hosts confine their writes (the kernel has Landlock)."""
+    return landlock_abi() > 0
+
+
 def isolation_text(protections: dict) -> str:
     parts = ["candidate in its own process, driven call by call (no judge code shares it)",
              "scrubbed environment, no inherited descriptors, no-new-privs"]
@@ -91,32 +97,59 @@ def isolation_text(protections: dict) -> str:
         parts.append("the judge's uid, root (this Python cannot run as an unprivileged uid here)")
     else:
         parts.append("the judge's uid (the judge is not root)")
+    if confines_candidates():
+        parts.append(f"candidate writes confined to its own folders (Landlock ABI {landlock_abi()})")
+    else:
+        parts.append("candidate writes not confined (no Landlock in this kernel): the judge's files are "
+                     "snapshotted before it runs and trusted hosts get fresh caches")
     parts.append("judge not dumpable" if protections.get("non_dumpable") else "judge dumpable (prctl unavailable)")
     parts.append(f"request sandbox: {os.environ.get('KCORAL_SANDBOX', 'unknown')}")
     return "; ".join(parts)
 
 
-class HostProcess:
-    """One host. `role` is "candidate" (loads `cand_dir`) or "trusted"."""
+class Snapshot:
+    """A folder's files as they were when the judge started, before any candidate ran: the
+    judge's package, the candidate, the incumbent. Every host gets its copies from here,
+    never from the files on disk: a candidate's host runs under the judge's uid and, where
+    the kernel cannot confine it, could have edited them since (the baseline's module or
+    the incumbent's, to make them slow)."""
 
-    def __init__(self, arena: Any, judge_pkg: Path, role: str, device: str, log_dir: Path, label: str,
-                 cand_dir: Path | None = None, cache_dir: Path | None = None) -> None:
+    def __init__(self, root: Path) -> None:
+        self.files: dict[str, bytes] = {}
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                self.files[path.relative_to(root).as_posix()] = path.read_bytes()
+
+    def write(self, dest: Path) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        for rel, data in self.files.items():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+
+
+class HostProcess:
+    """One host. `role` is "candidate" (loads `candidate`) or "trusted"."""
+
+    def __init__(self, arena: Any, judge_files: Snapshot, role: str, device: str, log_dir: Path, label: str,
+                 candidate: Snapshot | None = None, cache_dir: Path | None = None) -> None:
         self.arena, self.label, self.role = arena, label, role
         self.adopted: list = []  # its buffers the judge maps: released only once it is gone
         self.workdir = Path(tempfile.mkdtemp(prefix=f"kda-host-{label}-"))
-        shutil.copytree(judge_pkg, self.workdir / "judge", ignore=shutil.ignore_patterns("__pycache__"))
-        if cand_dir is not None:
-            shutil.copytree(cand_dir, self.workdir / "candidate", ignore=shutil.ignore_patterns("__pycache__"))
+        judge_files.write(self.workdir / "judge")
+        if candidate is not None:
+            candidate.write(self.workdir / "candidate")
         (self.workdir / "tmp").mkdir()
         env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
+        # Compile caches of its own (the trusted host's too: the judge's could hold what a
+        # candidate planted while it ran, and its home is the candidate's to write).
         cache = cache_dir or (self.workdir / "cache")
         cache.mkdir(parents=True, exist_ok=True)
         env.update(HOME=str(self.workdir), TMPDIR=str(self.workdir / "tmp"), PYTHONDONTWRITEBYTECODE="1",
                    PYTHONUNBUFFERED="1", CUPY_CACHE_DIR=str(cache / "cupy"), TRITON_CACHE_DIR=str(cache / "triton"))
         if device == "cpu":
             env.update(CPU_THREAD_ENV)
-        if role == "trusted":  # no candidate code there: it keeps the judge's compile caches
-            env.update({k: v for k, v in os.environ.items() if k in ("HOME", "CUPY_CACHE_DIR", "TRITON_CACHE_DIR")})
+        writable = [str(self.workdir), str(cache)] if role == "candidate" and confines_candidates() else []
         kw: dict = {}
         if drops_uid() and role == "candidate":
             for path in (self.workdir, cache):
@@ -127,7 +160,7 @@ class HostProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "judge.host", str(theirs.fileno()), role, device],
+                [sys.executable, "-m", "judge.host", str(theirs.fileno()), role, device, *writable],
                 cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 pass_fds=(theirs.fileno(),), process_group=0, **kw)
         finally:

@@ -26,13 +26,16 @@ from typing import Any
 from .backend import BackendUnavailable, make_backend
 from .calls import Batch, MakeInputs, Session, verify
 from .harness import CandidateError
-from .hostproc import UNPRIVILEGED, HostProcess, drops_uid, isolation_text, protect_judge
+from .hostproc import UNPRIVILEGED, HostProcess, Snapshot, drops_uid, isolation_text, protect_judge
 from .inputs import LOOSE_REGIMES, holdout_cases, holdout_inputs, regime_inputs
 from .memory import Arena
 from .spec import SpecError, Timing, WorkloadSpec, load_spec
 from .timing import Figure, clock_figure, method_text, summarise
 
 PACKAGE = Path(__file__).resolve().parent
+# A folder of compile caches only trusted code wrote (the baseline's Triton kernels), which a
+# server may offer read-only to its requests: the trusted host starts from a copy of it.
+TRUSTED_CACHE_ENV = "KCORAL_TRUSTED_CACHE"
 
 
 @dataclass
@@ -86,6 +89,9 @@ class Judge:
         # that any call can be replayed.
         self.key = os.urandom(16)
         self.caches: dict[str, Path] = {}
+        # Taken now, before any candidate runs (see Snapshot).
+        self.sources = {label: Snapshot(root / label) for label in ("candidate", "against") if (root / label).is_dir()}
+        self.sources["judge"] = Snapshot(PACKAGE)
         self.report: dict = {
             "workload": "", "candidate": options.get("candidate_name", "candidate"),
             "passed": False, "failure_kind": None, "message": "",
@@ -93,7 +99,7 @@ class Judge:
             "baseline_name": None, "baseline_note": "", "method": None, "device": None,
             "baseline_ms": None, "kernel_ms": None, "speedup": None, "spread": None,
             "trials": [], "timing_flags": [], "clock": None, "baseline_check": None, "cases": [],
-            "isolation": "", "tolerance": "", "input_key": self.key.hex(), "elapsed_s": 0.0,
+            "isolation": "", "trusted_cache": None, "tolerance": "", "input_key": self.key.hex(), "elapsed_s": 0.0,
         }
 
     def log(self, text: str) -> None:
@@ -165,11 +171,26 @@ class Judge:
                 os.chown(self.caches[label], UNPRIVILEGED, UNPRIVILEGED)
         return self.caches[label]
 
+    def _trusted_cache(self) -> Path:
+        cache = self._cache("trusted")
+        offered = os.environ.get(TRUSTED_CACHE_ENV)
+        if not offered:
+            return cache
+        try:
+            if not (Path(offered) / "triton").is_dir():
+                self.report["trusted_cache"] = "the server's holds no Triton cache; compiled in this run"
+                return cache
+            shutil.copytree(Path(offered) / "triton", cache / "triton", dirs_exist_ok=True)
+            self.report["trusted_cache"] = "the server's baseline compile cache"
+        except OSError as exc:  # the baseline compiles as it would without one
+            shutil.rmtree(cache / "triton", ignore_errors=True)
+            self.report["trusted_cache"] = f"the server's could not be read ({exc.strerror or exc}); compiled in this run"
+        return cache
+
     def _candidate(self, label: str, first: bool = False) -> HostProcess:
         """A fresh host with the candidate (or the incumbent, `against`) loaded."""
-        src = self.root / label
-        host = HostProcess(self.arena, PACKAGE, "candidate", self.spec.device, self.logs, label,
-                           cand_dir=src, cache_dir=self._cache(label))
+        host = HostProcess(self.arena, self.sources["judge"], "candidate", self.spec.device, self.logs, label,
+                           candidate=self.sources[label], cache_dir=self._cache(label))
         try:
             host.request({"op": "load", "dir": host.candidate_dir})
         except CandidateError as exc:
@@ -289,8 +310,10 @@ class Judge:
         spec, be = self.spec, self.be
         t = spec.timing
         n = t.warmup + t.calls
-        against = (self.root / "against").is_dir()
-        trusted = HostProcess(self.arena, PACKAGE, "trusted", spec.device, self.logs, "trusted")
+        against = "against" in self.sources
+        # Its caches are made now, once every candidate process is gone.
+        trusted = HostProcess(self.arena, self.sources["judge"], "trusted", spec.device, self.logs, "trusted",
+                              cache_dir=self._trusted_cache())
         try:
             loaded = trusted.request({"op": "load", "spec": self.raw_spec}, timeout=900)
             if against:
