@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a folder of compile caches that trusted code in requests may read (a bench's "
                         "baseline host starts from its Triton cache instead of compiling fla each time), "
                         f"shown read-only at {TRUSTED_CACHE} and named by ${TRUSTED_CACHE_ENV}; fill it "
-                        "on this machine with `kcoral baseline-cache DIR`")
+                        "on this machine with `kcoral baseline-cache DIR`; needs the bubblewrap sandbox")
     p.add_argument("--no-pin-cpus", dest="pin_cpus", action="store_false", default=_default("pin_cpus"),
                    help="let every request run on every CPU (default: each worker slot's programs run on "
                         "their own share of the server's CPUs, so one request's forks cannot starve the rest)")

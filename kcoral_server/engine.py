@@ -127,6 +127,10 @@ class Engine:
             trusted_cache = os.path.realpath(c.trusted_cache)
             if not os.path.isdir(trusted_cache):
                 raise SystemExit(f"kcoral-server: --trusted-cache {c.trusted_cache}: not a folder")
+            if SandboxMode(c.sandbox) is not SandboxMode.BWRAP:
+                # Unsandboxed, every program could write it: what is there runs as the baseline.
+                raise SystemExit("kcoral-server: --trusted-cache needs the bubblewrap sandbox (it is shown to "
+                                 "requests read-only); it cannot be offered with --sandbox none")
         policy = SandboxPolicy(SandboxMode(c.sandbox), limits, uid_base=c.sandbox_uid,
                                hidden=[h for h in hidden if h], trusted_cache=trusted_cache)
         if policy.mode is SandboxMode.BWRAP:
@@ -155,9 +159,7 @@ class Engine:
         env.pop("CUDA_VISIBLE_DEVICES", None)
         # Programs may say how they were isolated (the KDA judge prints it in its report).
         env["KCORAL_SANDBOX"] = self.sandbox.mode.value
-        env.pop(TRUSTED_CACHE_ENV, None)  # only --trusted-cache names one
-        if self.sandbox.trusted_cache:  # unsandboxed, the folder itself (a sandbox shows it read-only)
-            env[TRUSTED_CACHE_ENV] = self.sandbox.trusted_cache
+        env.pop(TRUSTED_CACHE_ENV, None)  # only --trusted-cache names one (sandbox_env, read-only)
         return env
 
     def _zygote_env(self) -> dict[str, str]:

@@ -584,3 +584,12 @@ def test_a_program_can_read_the_trusted_cache_but_not_plant_kernels_in_it(tmp_pa
     assert all(v.startswith("refused") for v in got.values()), got
     assert (cache / "triton" / "abc" / "kernel.cubin").read_bytes() == b"compiled by the operator"
     assert not (cache / "triton" / "planted.cubin").exists()
+
+
+def test_the_trusted_cache_is_refused_without_the_sandbox(tmp_path) -> None:
+    """Unsandboxed, a program could write the folder, and what is there runs as the baseline."""
+    srv = ServerProcess(["--cpu-workers", "1", "--sandbox", "none", "--trusted-cache", str(tmp_path)],
+                        env={"KCORAL_SERVER_TOKEN": TOKEN}, startup_timeout=30)
+    with pytest.raises(RuntimeError) as info:
+        srv.start()
+    assert "--trusted-cache needs the bubblewrap sandbox" in str(info.value)

@@ -44,6 +44,13 @@ def test_attack_earns_no_inflated_figure(client, tmp_path, name):
     assert not rep.passed or rep.speedup < INFLATED, verdict(rep)
 
 
+def test_a_lowered_priority_stops_the_run(client, tmp_path):
+    """On the CPU twin's CPU clock a reniced baseline is not slower, so the figure alone
+    would not show the attack: the judge must see the priority it left and refuse."""
+    rep = run_bench(client, CPU_WORKLOAD, stage("renice_baseline", tmp_path), timeout=180)
+    assert not rep.passed and "lowered the scheduling priority" in rep.message, verdict(rep)
+
+
 @pytest.mark.parametrize("name", ON_INCUMBENT)
 def test_challenger_cannot_slow_the_incumbent(client, tmp_path, name):
     rep = run_bench(client, CPU_WORKLOAD, stage(name, tmp_path), timeout=180, against=REFERENCE)

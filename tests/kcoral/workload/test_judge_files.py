@@ -122,6 +122,25 @@ def test_the_judge_imports_its_whole_package_before_any_candidate_runs(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["edit_judge_files", "edit_incumbent_files"])
+def test_without_confinement_the_snapshots_alone_defeat_the_file_attacks(tmp_path, salt_file, name):
+    """The server's operator turned Landlock off (as a kernel without it would): the
+    candidate's edits land on disk, and no host runs them."""
+    from kcoral.bench import run_bench
+    from kcoral.client import Client
+    from tests.serverproc import ServerProcess
+
+    from .test_attacks import INFLATED, stage, verdict
+
+    against = REFERENCE if name == "edit_incumbent_files" else None
+    with ServerProcess(["--cpu-workers", "1", "--holdout-salt-file", str(salt_file)],
+                       env={"KCORAL_JUDGE_LANDLOCK": "0"}) as srv, Client(srv.url) as client:
+        rep = run_bench(client, CPU_WORKLOAD, stage(name, tmp_path), timeout=180, against=against)
+    assert "candidate writes not confined (turned off" in rep.isolation or landlock_abi() == 0, rep.isolation
+    assert not rep.passed or rep.speedup < INFLATED, verdict(rep)
+
+
+@pytest.mark.slow
 def test_a_bench_seeds_the_baseline_host_from_the_servers_trusted_cache(tmp_path, salt_file):
     from kcoral.bench import run_bench
     from kcoral.client import Client
@@ -136,3 +155,20 @@ def test_a_bench_seeds_the_baseline_host_from_the_servers_trusted_cache(tmp_path
     assert rep.passed, rep.message
     assert rep.trusted_cache == "the server's baseline compile cache"
     assert (cache / "triton" / "k" / "kernel.json").read_text() == "{}"
+
+
+def test_the_trusted_cache_copy_takes_regular_files_only_and_is_bounded(tmp_path):
+    from judge.judge import _copy_files
+
+    src = tmp_path / "src"
+    (src / "k").mkdir(parents=True)
+    (src / "k" / "kernel.cubin").write_bytes(b"x" * 100)
+    secret = tmp_path / "secret"
+    secret.write_text("not a kernel")
+    (src / "k" / "link.cubin").symlink_to(secret)
+    (src / "dirlink").symlink_to(tmp_path)
+    _copy_files(src, tmp_path / "dest", limit=1000)
+    copied = sorted(p.relative_to(tmp_path / "dest").as_posix() for p in (tmp_path / "dest").rglob("*"))
+    assert copied == ["k", "k/kernel.cubin"]
+    with pytest.raises(OSError):
+        _copy_files(src, tmp_path / "dest2", limit=99)

@@ -52,6 +52,9 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+    # The judge's own CuPy kernels (references, checks, the pre-roll) compile into memory,
+    # never through a cache folder a candidate's host could have planted cubins in.
+    os.environ["CUPY_CACHE_IN_MEMORY"] = "1"
     _import_whole_package(root)
     from judge.judge import Judge
 

@@ -83,9 +83,16 @@ def drops_uid() -> bool:
     return _drop[0]
 
 
+# The server's operator may turn the confinement off (a kernel whose Landlock breaks the
+# GPU driver, say); the report then says so. Programs cannot: the judge's environment is
+# the server's, and a host's is scrubbed.
+CONFINE_ENV = "KCORAL_JUDGE_LANDLOCK"
+
+
 def confines_candidates() -> bool:
-    """Whether candidates' hosts confine their writes (the kernel has Landlock)."""
-    return landlock_abi() > 0
+    """Whether candidates' hosts confine their writes (the kernel has Landlock, and the
+    server did not turn it off)."""
+    return landlock_abi() > 0 and os.environ.get(CONFINE_ENV, "1") != "0"
 
 
 def isolation_text(protections: dict) -> str:
@@ -100,11 +107,49 @@ def isolation_text(protections: dict) -> str:
     if confines_candidates():
         parts.append(f"candidate writes confined to its own folders (Landlock ABI {landlock_abi()})")
     else:
-        parts.append("candidate writes not confined (no Landlock in this kernel): the judge's files are "
-                     "snapshotted before it runs and trusted hosts get fresh caches")
+        why = f"turned off by the server's {CONFINE_ENV}=0" if landlock_abi() else "no Landlock in this kernel"
+        parts.append(f"candidate writes not confined ({why}): the judge's files are snapshotted before it runs, "
+                     "trusted hosts and each incumbent host get fresh caches, the judge compiles in memory")
     parts.append("judge not dumpable" if protections.get("non_dumpable") else "judge dumpable (prctl unavailable)")
     parts.append(f"request sandbox: {os.environ.get('KCORAL_SANDBOX', 'unknown')}")
     return "; ".join(parts)
+
+
+def _sched(tid: int) -> tuple[int, int]:
+    return os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid)
+
+
+class Scheduling:
+    """How the judge's process was scheduled when it started. A candidate's host shares the
+    judge's uid, and Landlock does not cover setpriority or sched_setscheduler: it could
+    lower the priority of the judge or of the baseline's host (nice 19, SCHED_IDLE), which
+    no process can raise back. `lowered(pid)` names each thread of `pid` scheduled below
+    that (new threads inherit it; nothing here lowers its own)."""
+
+    WORSE = {getattr(os, "SCHED_BATCH", -1), getattr(os, "SCHED_IDLE", -1)}
+
+    def __init__(self) -> None:
+        try:
+            self.nice, self.policy = _sched(0)
+        except (AttributeError, OSError):  # not Linux
+            self.nice, self.policy = 0, -1
+
+    def lowered(self, pid: int) -> list[str]:
+        if self.policy == -1:
+            return []
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return []
+        out = []
+        for tid in tids:
+            try:
+                nice, policy = _sched(tid)
+            except OSError:
+                continue  # the thread ended
+            if nice > self.nice or (policy in self.WORSE and self.policy not in self.WORSE):
+                out.append(f"thread {tid} of process {pid}: nice {self.nice} -> {nice}, policy {self.policy} -> {policy}")
+        return out
 
 
 class Snapshot:
@@ -149,6 +194,8 @@ class HostProcess:
                    PYTHONUNBUFFERED="1", CUPY_CACHE_DIR=str(cache / "cupy"), TRITON_CACHE_DIR=str(cache / "triton"))
         if device == "cpu":
             env.update(CPU_THREAD_ENV)
+        if role == "trusted":  # its CuPy kernels never touch a file
+            env["CUPY_CACHE_IN_MEMORY"] = "1"
         writable = [str(self.workdir), str(cache)] if role == "candidate" and confines_candidates() else []
         kw: dict = {}
         if drops_uid() and role == "candidate":

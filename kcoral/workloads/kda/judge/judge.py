@@ -26,7 +26,8 @@ from typing import Any
 from .backend import BackendUnavailable, make_backend
 from .calls import Batch, MakeInputs, Session, verify
 from .harness import CandidateError
-from .hostproc import UNPRIVILEGED, HostProcess, Snapshot, drops_uid, isolation_text, protect_judge
+from .hostproc import (UNPRIVILEGED, HostProcess, Scheduling, Snapshot, confines_candidates, drops_uid, isolation_text,
+                       protect_judge)
 from .inputs import LOOSE_REGIMES, holdout_cases, holdout_inputs, regime_inputs
 from .memory import Arena
 from .spec import SpecError, Timing, WorkloadSpec, load_spec
@@ -36,6 +37,7 @@ PACKAGE = Path(__file__).resolve().parent
 # A folder of compile caches only trusted code wrote (the baseline's Triton kernels), which a
 # server may offer read-only to its requests: the trusted host starts from a copy of it.
 TRUSTED_CACHE_ENV = "KCORAL_TRUSTED_CACHE"
+TRUSTED_CACHE_MAX_BYTES = 1 << 30  # fla's is 50 MB; the request's tmpfs holds 2 GiB in all
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Judge:
         # that any call can be replayed.
         self.key = os.urandom(16)
         self.caches: dict[str, Path] = {}
+        self.scheduling = Scheduling()  # before any candidate runs
         # Taken now, before any candidate runs (see Snapshot).
         self.sources = {label: Snapshot(root / label) for label in ("candidate", "against") if (root / label).is_dir()}
         self.sources["judge"] = Snapshot(PACKAGE)
@@ -171,6 +174,14 @@ class Judge:
                 os.chown(self.caches[label], UNPRIVILEGED, UNPRIVILEGED)
         return self.caches[label]
 
+    def _host_cache(self, label: str) -> Path:
+        """A candidate's hosts share one compile cache (it compiles once per run). The
+        incumbent's do too where the challenger cannot write it; unconfined, each incumbent
+        host compiles into a fresh one, made while no challenger process exists."""
+        if label == "against" and not confines_candidates():
+            return self._cache(f"against-{len(self.caches)}")
+        return self._cache(label)
+
     def _trusted_cache(self) -> Path:
         cache = self._cache("trusted")
         offered = os.environ.get(TRUSTED_CACHE_ENV)
@@ -180,7 +191,7 @@ class Judge:
             if not (Path(offered) / "triton").is_dir():
                 self.report["trusted_cache"] = "the server's holds no Triton cache; compiled in this run"
                 return cache
-            shutil.copytree(Path(offered) / "triton", cache / "triton", dirs_exist_ok=True)
+            _copy_files(Path(offered) / "triton", cache / "triton", TRUSTED_CACHE_MAX_BYTES)
             self.report["trusted_cache"] = "the server's baseline compile cache"
         except OSError as exc:  # the baseline compiles as it would without one
             shutil.rmtree(cache / "triton", ignore_errors=True)
@@ -190,7 +201,7 @@ class Judge:
     def _candidate(self, label: str, first: bool = False) -> HostProcess:
         """A fresh host with the candidate (or the incumbent, `against`) loaded."""
         host = HostProcess(self.arena, self.sources["judge"], "candidate", self.spec.device, self.logs, label,
-                           candidate=self.sources[label], cache_dir=self._cache(label))
+                           candidate=self.sources[label], cache_dir=self._host_cache(label))
         try:
             host.request({"op": "load", "dir": host.candidate_dir})
         except CandidateError as exc:
@@ -336,6 +347,7 @@ class Judge:
                             for i in range(n)]
                 makers_c: list[MakeInputs] = [lambda i=i, k=trial: regime_inputs(be, spec, spec.T, self.seed(f"timed-{k}", i))
                             for i in range(n)]
+                self._still_scheduled(trusted)
                 trusted_batch = base.batch(makers_b, t.flush_bytes)
                 null_batch = null.batch([lambda: one] * n, t.flush_bytes)
                 # The baseline in the judge's own host keeps its times and measures what a
@@ -368,6 +380,13 @@ class Judge:
         self.report["clock"] = _clock_text(trials, t)
         self._scored_verdict()
 
+    def _still_scheduled(self, trusted: HostProcess) -> None:
+        """No figure from a judge or baseline host whose priority a candidate lowered."""
+        lowered = self.scheduling.lowered(os.getpid()) + self.scheduling.lowered(trusted.proc.pid)
+        if lowered:
+            raise Stop("runtime", "a candidate lowered the scheduling priority of the judge or the baseline's "
+                                  "host, which would slow what it is compared with: " + "; ".join(lowered[:4]))
+
     def _untrusted_trial(self, label: str, makers: list) -> tuple[Batch, list[dict]]:
         """A fresh host, a fresh setup, one batch (warm-up calls first), the host killed with
         everything it started, then every call verified."""
@@ -393,6 +412,22 @@ class Judge:
             "ok": res["ok"], "output_rms_ratio": res["rms"].get("output"),
             "final_state_rms_ratio": res["rms"].get("final_state"), "detail": res["detail"],
         }
+
+
+def _copy_files(src: Path, dest: Path, limit: int) -> None:
+    """The regular files under `src` (no links followed or copied), at most `limit` bytes."""
+    total = 0
+    for dirpath, _dirs, filenames in os.walk(src):
+        rel = Path(dirpath).relative_to(src)
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            total += path.stat().st_size
+            if total > limit:
+                raise OSError(f"more than {limit >> 20} MiB")
+            shutil.copyfile(path, dest / rel / name, follow_symlinks=False)
 
 
 def _tolerance_text(spec: WorkloadSpec) -> str:
