@@ -123,32 +123,46 @@ class Scheduling:
     """How the judge's process was scheduled when it started. A candidate's host shares the
     judge's uid, and Landlock does not cover setpriority or sched_setscheduler: it could
     lower the priority of the judge or of the baseline's host (nice 19, SCHED_IDLE), which
-    no process can raise back. `lowered(pid)` names each thread of `pid` scheduled below
-    that (new threads inherit it; nothing here lowers its own)."""
+    no process can raise back. `seen(pid)` records a process's threads at a moment no
+    candidate process exists; `lowered(pid)` names each thread now scheduled below what was
+    seen of it (a thread not seen then: below the judge's start), so a library that runs a
+    thread of its own at low priority from the start is no alarm."""
 
     WORSE = {getattr(os, "SCHED_BATCH", -1), getattr(os, "SCHED_IDLE", -1)}
 
     def __init__(self) -> None:
+        self.seen_threads: dict[int, tuple[int, int]] = {}
         try:
-            self.nice, self.policy = _sched(0)
+            self.start = _sched(0)
         except (AttributeError, OSError):  # not Linux
-            self.nice, self.policy = 0, -1
+            self.start = (0, -1)
 
-    def lowered(self, pid: int) -> list[str]:
-        if self.policy == -1:
-            return []
+    @staticmethod
+    def _threads(pid: int) -> dict[int, tuple[int, int]]:
+        out: dict[int, tuple[int, int]] = {}
         try:
             tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
         except OSError:
-            return []
-        out = []
+            return out
         for tid in tids:
             try:
-                nice, policy = _sched(tid)
+                out[tid] = _sched(tid)
             except OSError:
                 continue  # the thread ended
-            if nice > self.nice or (policy in self.WORSE and self.policy not in self.WORSE):
-                out.append(f"thread {tid} of process {pid}: nice {self.nice} -> {nice}, policy {self.policy} -> {policy}")
+        return out
+
+    def seen(self, pid: int) -> None:
+        if self.start[1] != -1:
+            self.seen_threads.update(self._threads(pid))
+
+    def lowered(self, pid: int) -> list[str]:
+        if self.start[1] == -1:
+            return []
+        out = []
+        for tid, (nice, policy) in self._threads(pid).items():
+            was_nice, was_policy = self.seen_threads.get(tid, self.start)
+            if nice > was_nice or (policy in self.WORSE and was_policy not in self.WORSE):
+                out.append(f"thread {tid} of process {pid}: nice {was_nice} -> {nice}, policy {was_policy} -> {policy}")
         return out
 
 

@@ -91,7 +91,8 @@ class Judge:
         # that any call can be replayed.
         self.key = os.urandom(16)
         self.caches: dict[str, Path] = {}
-        self.scheduling = Scheduling()  # before any candidate runs
+        self.scheduling = Scheduling()
+        self.scheduling.seen(os.getpid())  # before any candidate runs
         # Taken now, before any candidate runs (see Snapshot).
         self.sources = {label: Snapshot(root / label) for label in ("candidate", "against") if (root / label).is_dir()}
         self.sources["judge"] = Snapshot(PACKAGE)
@@ -334,6 +335,7 @@ class Judge:
                 self.log(f"baseline check ({name})")
                 self._baseline_check(trusted)
             self.report.update(baseline_name=name, baseline_note=note, method=method_text(be, t))
+            self.scheduling.seen(trusted.proc.pid)  # no candidate process exists yet
             setup = regime_inputs(be, spec, spec.T, self.seed("timing-setup"))
             null = Session(be, spec, self.arena, trusted, spec.T, setup, which="null")
             # The baseline runs in the judge's own host in every run: it is the figure to beat,
