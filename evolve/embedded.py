@@ -83,11 +83,12 @@ def trusted_baseline_cache(workload: str | Path, cache: Path | None = None) -> P
     cache = cache or baseline_cache_dir()
     print(f"evolve: compiling the {spec.get('name')} baseline for this machine's benches into {cache} "
           "(about 90 s the first time)", file=sys.stderr)
+    # Its progress and errors go to our stderr as they come (a first compile takes minutes).
     proc = subprocess.run([sys.executable, "-m", "kcoral", "baseline-cache", str(cache), str(workload)],
-                          capture_output=True, text=True, env=server_environment())
+                          stdout=subprocess.DEVNULL, env=server_environment())
     if proc.returncode != 0:
-        print(f"evolve: the baseline cache could not be made, so each bench compiles fla itself: "
-              f"{proc.stderr.strip()[-600:]}", file=sys.stderr)
+        print(f"evolve: the baseline cache could not be made (exit status {proc.returncode}, above), "
+              "so each bench compiles fla itself", file=sys.stderr)
         return None
     return cache
 
