@@ -37,11 +37,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .backend import Backend, make_backend
+# Imported with the host, before any candidate code: nothing of the judge is read from the
+# host's folder once candidates may run beside it (fla and torch load at the baseline's make).
+from .baseline import make_baseline
 from .channel import Channel, ChannelClosed
 from .confine import confine_writes
 from .harness import CandidateError, load_solution, tail
 from .memory import Buffer, export, place
 from .preroll import Waiter
+from .spec import parse_spec
 
 PR_SET_NO_NEW_PRIVS = 38
 FILE_LIMIT = 1 << 30  # bytes any file it writes may reach (its log included)
@@ -109,9 +113,6 @@ class Host:
         if self.role == "candidate":
             self.module = load_solution(Path(msg["dir"]), "kda_candidate")
             return {}
-        from .baseline import make_baseline
-        from .spec import parse_spec
-
         spec = parse_spec(msg["spec"])
         self.baseline, note = make_baseline(self.be, spec)
         return {"name": self.baseline.name, "note": note}
@@ -211,13 +212,9 @@ class _Timer:
         return [(b - a) * 1e3 for a, b in self.pairs]
 
 
-def _settle(role: str) -> None:
-    """Before any candidate code: the trusted host imports now what it would import later
-    (nothing is read from its folder once candidates may run beside it), and the working
-    folder, first on sys.path, leaves it, so that no module imported later can be
-    shadowed by a file planted there."""
-    if role == "trusted":
-        from . import baseline, spec  # noqa: F401
+def _settle() -> None:
+    """Before any candidate code: the working folder, first on sys.path, leaves it, so that
+    no module imported later can be shadowed by a file planted there."""
     here = os.path.realpath(os.getcwd())
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != here]
 
@@ -235,7 +232,7 @@ def _confine(be: Backend, writable: list[str]) -> None:
 def main(argv: list[str]) -> int:
     fd, role, device, writable = int(argv[0]), argv[1], argv[2], argv[3:]
     _harden()
-    _settle(role)
+    _settle()
     chan = Channel(socket.socket(fileno=fd))
     try:
         be = make_backend(device)

@@ -35,7 +35,8 @@ from .timing import Figure, clock_figure, method_text, summarise
 
 PACKAGE = Path(__file__).resolve().parent
 # A folder of compile caches only trusted code wrote (the baseline's Triton kernels), which a
-# server may offer read-only to its requests: the trusted host starts from a copy of it.
+# server may offer read-only to its requests: the trusted host starts from a copy of it. The
+# name is the server's (kcoral_server.sandbox), spelled again: the judge ships alone.
 TRUSTED_CACHE_ENV = "KCORAL_TRUSTED_CACHE"
 TRUSTED_CACHE_MAX_BYTES = 1 << 30  # fla's is 50 MB; the request's tmpfs holds 2 GiB in all
 

@@ -20,10 +20,9 @@ from .backend import make_backend
 from .calls import Session
 from .hostproc import HostProcess, Snapshot
 from .inputs import regime_inputs
+from .judge import PACKAGE
 from .memory import Arena
 from .spec import load_spec
-
-PACKAGE = Path(__file__).resolve().parent
 
 
 def warm(spec_path: Path, cache: Path, calls: int = 2) -> dict:
