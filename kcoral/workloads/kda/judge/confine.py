@@ -79,10 +79,12 @@ def device_files() -> list[str]:
     return sorted(p for p in set(names) if os.path.exists(p) and not os.path.isdir(p))
 
 
-# Folders every CUDA process writes in: the driver keeps its interprocess handles (the
-# judge's pre-roll event, CUDA IPC memory) as files in /dev/shm. Nothing trusted reads
-# a file there: the judge's own memory travels as descriptors and IPC handles.
-SHARED_MEMORY = ("/dev/shm",)
+# /dev/shm is not among a host's folders: the CUDA driver keeps the files behind every
+# interprocess handle there (the judge's pre-roll event, which the baseline's host waits on
+# too), and a candidate that could write them could disturb another process's event. A
+# confined host opens the judge's event before it confines itself (host.main); measured on
+# the H200, allocation, IPC memory export, kernels and waits on that event work afterwards
+# with /dev/shm closed, and only opening an event after confining fails.
 
 
 def confine_writes(folders: list[str]) -> str:
@@ -102,8 +104,7 @@ def confine_writes(folders: list[str]) -> str:
     if ruleset < 0:
         raise ConfineError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
-        own = list(folders) + [d for d in SHARED_MEMORY if os.path.isdir(d)]
-        for path, rights in [(f, handled) for f in own] + [(d, file_rights) for d in device_files()]:
+        for path, rights in [(f, handled) for f in folders] + [(d, file_rights) for d in device_files()]:
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:

@@ -1,6 +1,7 @@
 """The host: the process a candidate (or the baseline) runs in, driven call by call by
-the judge: `python -m judge.host FD ROLE DEVICE [WRITABLE...]` (a candidate's host may
-write beneath the WRITABLE folders only, where the kernel can enforce it).
+the judge: `python -m judge.host FD ROLE DEVICE PREROLL [WRITABLE...]` (a candidate's host
+may write beneath the WRITABLE folders only, where the kernel can enforce it; PREROLL is
+the judge's pre-roll event, "-" for none, opened before the host confines itself).
 
 Everything here runs in an untrusted process once a candidate is loaded: the candidate can
 patch any of it. So the host does as little as it can: it makes the memory a session works
@@ -82,12 +83,14 @@ class Session:
 
 
 class Host:
-    def __init__(self, chan: Channel, role: str, be: Backend) -> None:
+    def __init__(self, chan: Channel, role: str, be: Backend, waiters: dict[str, Waiter] | None = None,
+                 confined: bool = False) -> None:
         self.chan, self.role, self.be = chan, role, be
         self.module: Any = None  # the candidate's solution module (role candidate)
         self.baseline: Any = None  # baseline.make_baseline's (role baseline)
         self.sessions: dict[int, Session] = {}
-        self.waiters: dict[str, Waiter] = {}  # by event handle: each opened once
+        self.waiters: dict[str, Waiter] = dict(waiters or {})  # by event handle: each opened once
+        self.confined = confined  # no event can be opened any more (confine.py)
 
     def serve(self) -> None:
         while True:
@@ -149,6 +152,8 @@ class Host:
             raise CandidateError("import", f"setup returned {type(fn).__name__}, not a callable")
         handle = msg.get("preroll") or ""
         if handle not in self.waiters:
+            if self.confined and handle:
+                raise RuntimeError("the judge's pre-roll event was not handed to this host before it confined itself")
             self.waiters[handle] = Waiter(self.be, handle)
         s.fn, s.waiter = fn, self.waiters[handle]
         return {}
@@ -230,7 +235,8 @@ def _confine(be: Backend, writable: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    fd, role, device, writable = int(argv[0]), argv[1], argv[2], argv[3:]
+    # writable: the folders a confined host keeps; preroll: the judge's event, "-" for none
+    fd, role, device, preroll, writable = int(argv[0]), argv[1], argv[2], argv[3], argv[4:]
     _harden()
     _settle()
     chan = Channel(socket.socket(fileno=fd))
@@ -239,14 +245,18 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001
         chan.send({"ok": False, "kind": "unavailable", "message": str(exc)})
         return 1
-    if role == "candidate" and writable:
-        try:
+    confined = role == "candidate" and bool(writable)
+    waiters: dict[str, Waiter] = {}
+    try:
+        if preroll != "-":  # opened now: once confined, the event's file in /dev/shm cannot be
+            waiters[preroll] = Waiter(be, preroll)
+        if confined:
             _confine(be, writable)
-        except Exception as exc:  # noqa: BLE001 - the judge promised confinement: no run without it
-            chan.send({"ok": False, "kind": "unavailable", "message": f"the host could not confine itself: {exc}"})
-            return 1
+    except Exception as exc:  # noqa: BLE001 - the judge promised confinement: no run without it
+        chan.send({"ok": False, "kind": "unavailable", "message": f"the host could not confine itself: {exc}"})
+        return 1
     # Prints of the candidate go to this process's stdout/stderr: the judge's log file.
-    Host(chan, role, be).serve()
+    Host(chan, role, be, waiters, confined).serve()
     return 0
 
 

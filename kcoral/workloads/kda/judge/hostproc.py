@@ -191,7 +191,7 @@ class HostProcess:
     """One host. `role` is "candidate" (loads `candidate`) or "trusted"."""
 
     def __init__(self, arena: Any, judge_files: Snapshot, role: str, device: str, log_dir: Path, label: str,
-                 candidate: Snapshot | None = None, cache_dir: Path | None = None) -> None:
+                 candidate: Snapshot | None = None, cache_dir: Path | None = None, preroll: str | None = None) -> None:
         self.arena, self.label, self.role = arena, label, role
         self.adopted: list = []  # its buffers the judge maps: released only once it is gone
         self.workdir = Path(tempfile.mkdtemp(prefix=f"kda-host-{label}-"))
@@ -221,7 +221,7 @@ class HostProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "judge.host", str(theirs.fileno()), role, device, *writable],
+                [sys.executable, "-m", "judge.host", str(theirs.fileno()), role, device, preroll or "-", *writable],
                 cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 pass_fds=(theirs.fileno(),), process_group=0, **kw)
         finally:

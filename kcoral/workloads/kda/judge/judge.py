@@ -202,8 +202,10 @@ class Judge:
 
     def _candidate(self, label: str, first: bool = False) -> HostProcess:
         """A fresh host with the candidate (or the incumbent, `against`) loaded."""
+        # the pre-roll event goes with the host's start: a confined host cannot open it later
         host = HostProcess(self.arena, self.sources["judge"], "candidate", self.spec.device, self.logs, label,
-                           candidate=self.sources[label], cache_dir=self._host_cache(label))
+                           candidate=self.sources[label], cache_dir=self._host_cache(label),
+                           preroll=self.arena.preroll(self.spec.timing.preroll_ms).handle)
         try:
             host.request({"op": "load", "dir": host.candidate_dir})
         except CandidateError as exc:
