@@ -48,12 +48,18 @@ def cupy_or_skip():
 
 # The tiles prep's inverse parameters at the values the other preps take (two_pass's last
 # constraint): the family's defaults are tiles values, so a full or lean point names these.
-NOT_TILES = {"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0}
+NOT_GRID = {"prep_order": "by_head"}   # the grid tiles prep's own way, at its only value elsewhere
+NOT_TILES = {"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, **NOT_GRID}
 
 
 def for_prep(overrides: dict) -> dict:
-    """A two_pass point's overrides, with NOT_TILES added when it leaves the tiles prep."""
-    return {**NOT_TILES, **overrides} if overrides.get("prep_smem", "tiles") != "tiles" else overrides
+    """A two_pass point's overrides, with the defaults of the tiles prep's own ways reset
+    when it leaves that prep (NOT_TILES) or its grid schedule (NOT_GRID)."""
+    if overrides.get("prep_smem", "tiles") != "tiles":
+        return {**NOT_TILES, **overrides}
+    if overrides.get("prep_schedule", "grid") != "grid":
+        return {**NOT_GRID, **overrides}
+    return overrides
 
 def parse_ptxas(text: str, kernel: str) -> PtxasReport:
     """Resource lines of `kernel` from `-Xptxas -v` output."""

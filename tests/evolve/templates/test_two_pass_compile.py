@@ -40,6 +40,8 @@ POINTS = [
     ({"diag_inverse": "after_blocks"}, 232),
     ({"inverse_products": "fp32"}, 232),
     ({"prep_schedule": "persistent", "flush_denormals": 0}, 232),
+    ({"prep_order": "by_head"}, 232),   # the prep's CTA orders (the defaults: by_chunk_descending)
+    ({"prep_order": "by_chunk", "segments": 2}, 232),
 ]
 POINTS = [(for_prep(o), bound) for o, bound in POINTS]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
@@ -52,7 +54,7 @@ def test_family_loads_and_defaults_are_admitted():
     assert fam.check(fam.defaults) == []
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
                                  "uo_blocks", "out_store", "prep_schedule", "segments", "diag_inverse",
-                                 "inverse_products", "flush_denormals"}
+                                 "inverse_products", "flush_denormals", "prep_order"}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -65,7 +67,8 @@ def test_family_loads_and_defaults_are_admitted():
     ({"segments": 2, "prep_schedule": "persistent"}, "chunk range"),
     ({"segments": 4, "state_step": "cta", "stages": 1}, "chunk range"),
     ({"segments": 8, "prep_smem": "lean"}, "chunk range"),
-    ({"prep_smem": "lean"}, "ways of the tiles prep"),   # the defaults' tf32 inverse exists only in the tiles prep
+    ({"prep_smem": "lean"}, "ways of the tiles prep"),
+    ({"prep_schedule": "persistent"}, "way of the tiles prep's grid schedule"),   # the defaults' CTA order   # the defaults' tf32 inverse exists only in the tiles prep
     ({"prep_smem": "full", "inverse_products": "fp32", "flush_denormals": 0}, "ways of the tiles prep"),
     ({"prep_smem": "lean", "diag_inverse": "after_blocks", "inverse_products": "fp32"}, "ways of the tiles prep"),
 ])

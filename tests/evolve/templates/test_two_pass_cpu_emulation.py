@@ -265,6 +265,8 @@ def build(cand: Path, work: Path) -> Path:
     prep_src, state_src = (cand / "kda_prep.cu").read_text(), (cand / "kda_state.cu").read_text()
     if "int NC, int B)" in prep_src:
         launch = "#define PREP_EXTRA_ARGS , NC, B\n#define PREP_GRID {3u, 1u, 1u}\n"
+    elif "int c_first, int NC)" in prep_src and "Work work_at(" in prep_src:   # every head of a chunk in turn
+        launch = "#define PREP_EXTRA_ARGS , c0, NC\n#define PREP_GRID {(unsigned)H, (unsigned)(c1 - c0), (unsigned)B}\n"
     elif "int c_first, int NC)" in prep_src:
         launch = "#define PREP_EXTRA_ARGS , c0, NC\n#define PREP_GRID {(unsigned)(c1 - c0), (unsigned)H, (unsigned)B}\n"
     else:
@@ -321,13 +323,18 @@ POINTS = [
     ({"inverse_products": "tf32"}, ALL_T + [(2, 33, 1, "switch")]),
     ({"diag_inverse": "in_blocks", "inverse_products": "tf32"}, ALL_T + [(2, 200, 1, "switch")]),
     ({"inverse_products": "tf32", "flush_denormals": 1}, ALL_T + [(2, 200, 1, "switch")]),
+    # the prep's CTA orders: a head's chunks in turn (the defaults before), every head of a
+    # chunk in turn (H = 2: the launch's x is the head), with and without chunk ranges
+    ({"prep_order": "by_head"}, [(1, 129, 2, "scored"), (2, 200, 1, "saturated")]),
+    ({"prep_order": "by_chunk"}, [(1, 129, 2, "scored"), (2, 200, 1, "switch")]),
+    ({"segments": 4}, [(2, 257, 2, "scored")]),
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
        "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
        "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
        "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32",
-       "tf32_flush_denormals"]
+       "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)

@@ -70,7 +70,8 @@ def test_defaults_unchanged():
     assert fam.defaults == {"chunk": 64, "v_block": 128, "state_warps": 8, "stages": 3,
                             "state_step": "wgmma", "prep_smem": "tiles", "uo_blocks": 2,
                             "out_store": "inline", "prep_schedule": "grid", "segments": 1,
-                            "diag_inverse": "in_blocks", "inverse_products": "tf32", "flush_denormals": 1}
+                            "diag_inverse": "in_blocks", "inverse_products": "tf32", "flush_denormals": 1,
+                            "prep_order": "by_chunk_descending"}
 
 
 # ---- the full and lean prep kernels, as the compiler sees them --------------------------

@@ -50,9 +50,12 @@ def _host(data, name):
     {"inverse_products": "tf32"},
     {"diag_inverse": "in_blocks", "inverse_products": "tf32"},
     {"inverse_products": "tf32", "flush_denormals": 1},
+    {"prep_order": "by_head"},   # a head's chunks in turn (the defaults before prep_order)
+    {"prep_order": "by_chunk"},
+    {"prep_order": "by_head", "segments": 4},
 ], ids=["defaults", "cta_full_s1", "cta_vb64", "wl_full", "wl_vb64_s1", "cta_lean", "wl_lean", "wl_uo1", "warp_local",
         "wgmma_s2", "wgmma_s1_lean", "persistent_prep", "segments_4", "diag_in_blocks", "inverse_tf32",
-        "diag_in_blocks_tf32", "tf32_flush"])
+        "diag_in_blocks_tf32", "tf32_flush", "by_head", "by_chunk", "by_head_segments"])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
     cand, _ = render_point("two_pass", **for_prep(overrides))
