@@ -265,7 +265,7 @@ def build(cand: Path, work: Path) -> Path:
     prep_src, state_src = (cand / "kda_prep.cu").read_text(), (cand / "kda_state.cu").read_text()
     if "int NC, int B)" in prep_src:
         launch = "#define PREP_EXTRA_ARGS , NC, B\n#define PREP_GRID {3u, 1u, 1u}\n"
-    elif "int c_first, int NC)" in prep_src and "Work work_at(" in prep_src:   # every head of a chunk in turn
+    elif "int c_first, int NC)" in prep_src and "h = blockIdx.x" in prep_src:   # every head of a chunk in turn
         launch = "#define PREP_EXTRA_ARGS , c0, NC\n#define PREP_GRID {(unsigned)H, (unsigned)(c1 - c0), (unsigned)B}\n"
     elif "int c_first, int NC)" in prep_src:
         launch = "#define PREP_EXTRA_ARGS , c0, NC\n#define PREP_GRID {(unsigned)(c1 - c0), (unsigned)H, (unsigned)B}\n"
