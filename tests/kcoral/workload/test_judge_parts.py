@@ -19,7 +19,7 @@ from judge.calls import Batch
 from judge.channel import Channel
 from judge.memory import Arena
 from judge.spec import Timing
-from judge.timing import clock_figure
+from judge.timing import clock_figure, settle, summarise
 
 from .conftest import KDA
 
@@ -115,6 +115,28 @@ def test_judge_clock_wins_when_the_host_understates():
     f = clock_figure(_batch([0.1] * 5, wall_ms=5.0 + 50.0), null, TIMING)
     assert f.clock == "judge" and f.ms == pytest.approx(10.0)
     assert "the judge's figure 10.000000 ms/call used" in f.why
+
+
+def test_a_refused_trial_is_replaced_only_by_a_remeasure_whose_host_times_pass():
+    null = _batch([0.0] * 5, wall_ms=5.0)
+    base = clock_figure(_batch([20.0] * 5, wall_ms=5.0 + 100.0), null, TIMING, trusted=True)
+    refused = (base, clock_figure(_batch([0.1] * 5, wall_ms=5.0 + 50.0), null, TIMING))
+    honest = (base, clock_figure(_batch([10.0] * 5, wall_ms=5.0 + 50.0), null, TIMING))
+    liar = (base, clock_figure(_batch([0.1] * 5, wall_ms=5.0 + 40.0), null, TIMING))
+    kept, note = settle(refused, honest, against=False)
+    assert kept is honest and "re-measure's host times stand" in note
+    # Refused again: the first measure stays, even where the second judge figure is lower
+    # (no picking the better of two draws).
+    kept, note = settle(refused, liar, against=False)
+    assert kept is refused and liar[1].ms < refused[1].ms and "first measure kept" in note
+    # Against an incumbent both sides are untrusted: fewer refused sides wins, a tie keeps the first.
+    both = (refused[1], refused[1])
+    assert settle(both, (honest[1], refused[1]), against=True)[0][0] is honest[1]
+    assert settle((honest[1], refused[1]), (refused[1], honest[1]), against=True)[0] == (honest[1], refused[1])
+    # The measure not kept stays on record.
+    out = summarise([honest, honest], {0: refused})
+    assert out["trials"][0]["other_measure"]["kernel"]["clock"] == "judge"
+    assert "why" in out["trials"][0]["other_measure"]["kernel"] and "other_measure" not in out["trials"][1]
 
 
 def test_unusable_host_times_leave_the_judge_clock():

@@ -100,6 +100,7 @@ def _bench_in(root: str, archive: bytes, seeds: Any, options: dict, timeout: flo
         "candidate_name": options.get("candidate_name", "candidate"),
         "against_name": options.get("against_name"),
         "report_key": secrets.token_hex(32),
+        "timeout_s": timeout,   # the judge re-measures a refused trial only when time is left
     }
     # The judge stays in the worker's process group: when the server kills a timed-out
     # worker's group, the judge and everything the candidate started die with it.

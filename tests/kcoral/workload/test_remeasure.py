@@ -1,0 +1,34 @@
+"""A trial whose host times the judge refuses is measured once more: an honest kernel whose
+host misread its clock once gets its own times back, on a real CPU server."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kcoral.bench import run_bench
+
+from .conftest import CPU_WORKLOAD, REFERENCE
+
+pytestmark = pytest.mark.slow
+
+UNSTEADY = Path(__file__).resolve().parents[2] / "fixtures" / "kda_unsteady"
+
+
+def test_a_trial_refused_once_is_measured_again_and_its_honest_times_stand(client, tmp_path):
+    target = tmp_path / "first_timed_host_bent"
+    shutil.copytree(UNSTEADY / "first_timed_host_bent", target)
+    shutil.copyfile(REFERENCE / "solution.py", target / "correct.py")
+    rep = run_bench(client, CPU_WORKLOAD, target, timeout=240)
+    assert rep.passed, rep.message
+    first, *rest = rep.trials
+    # The trial stands on the host's own times (without a re-measure: the judge's clock) ...
+    assert first["kernel"]["clock"] == "host", first
+    # ... from the re-measure: the first timed host bent its clock, and that measure, refused,
+    # is on record.
+    assert first["other_measure"]["kernel"]["clock"] == "judge", first
+    assert any(f.startswith("trial 1: re-measured once (kernel refused)") for f in rep.timing_flags), rep.timing_flags
+    # The later trials' hosts read their clocks honestly: nothing to measure again.
+    assert all("other_measure" not in t for t in rest), rest
+    assert all(t["kernel"]["clock"] == "host" for t in rest), rest
