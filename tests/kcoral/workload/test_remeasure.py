@@ -13,13 +13,15 @@ from .conftest import CPU_WORKLOAD, REFERENCE
 
 pytestmark = pytest.mark.slow
 
-UNSTEADY = Path(__file__).resolve().parents[2] / "fixtures" / "kda_unsteady"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+UNSTEADY, ATTACKS = FIXTURES / "kda_unsteady", FIXTURES / "kda_attacks"
 
 
 def test_a_trial_refused_once_is_measured_again_and_its_honest_times_stand(client, tmp_path):
     target = tmp_path / "first_timed_host_bent"
     shutil.copytree(UNSTEADY / "first_timed_host_bent", target)
     shutil.copyfile(REFERENCE / "solution.py", target / "correct.py")
+    shutil.copyfile(ATTACKS / "patch_clock" / "solution.py", target / "patch_clock.py")
     rep = run_bench(client, CPU_WORKLOAD, target, timeout=240)
     assert rep.passed, rep.message
     first, *rest = rep.trials
