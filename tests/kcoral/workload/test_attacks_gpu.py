@@ -57,3 +57,18 @@ def test_attack_on_the_gpu_earns_no_inflated_figure(gpu_client, tmp_path, attack
                f"flags={rep.timing_flags[:2]} message={rep.message[:600]!r}")
     print(verdict)   # the figures, for docs/benchmarks.md
     assert not rep.passed or rep.speedup < HONEST_CEILING, verdict
+
+
+def test_an_honest_trial_refused_once_gets_its_own_times_back(gpu_client, tmp_path):
+    """The two_pass defaults, with the first timed host's CUDA-event times bent (a tenth):
+    that trial is measured again and the re-measure's honest times stand."""
+    from kcoral.bench import run_bench
+
+    target = stage(FIXTURES / "kda_unsteady" / "first_timed_host_bent", tmp_path)
+    shutil.copyfile(FIXTURES / "kda_attacks_gpu" / "patch_events" / "solution.py", target / "bend.py")
+    rep = run_bench(gpu_client, GPU_WORKLOAD, target, timeout=280)
+    first = rep.trials[0] if rep.trials else {}
+    print(f"passed={rep.passed} kernel_ms={rep.kernel_ms} speedup={rep.speedup} flags={rep.timing_flags}")
+    assert rep.passed, rep.message
+    assert first["kernel"]["clock"] == "host" and first["other_measure"]["kernel"]["clock"] == "judge", first
+    assert rep.speedup < HONEST_CEILING, rep.speedup

@@ -21,7 +21,7 @@ def test_a_trial_refused_once_is_measured_again_and_its_honest_times_stand(clien
     target = tmp_path / "first_timed_host_bent"
     shutil.copytree(UNSTEADY / "first_timed_host_bent", target)
     shutil.copyfile(REFERENCE / "solution.py", target / "correct.py")
-    shutil.copyfile(ATTACKS / "patch_clock" / "solution.py", target / "patch_clock.py")
+    shutil.copyfile(ATTACKS / "patch_clock" / "solution.py", target / "bend.py")
     rep = run_bench(client, CPU_WORKLOAD, target, timeout=240)
     assert rep.passed, rep.message
     first, *rest = rep.trials
