@@ -49,7 +49,8 @@ def cupy_or_skip():
 # The tiles prep's inverse parameters at the values the other preps take (two_pass's last
 # constraint): the family's defaults are tiles values, so a full or lean point names these.
 NOT_GRID = {"prep_order": "by_head"}   # the grid tiles prep's own way, at its only value elsewhere
-NOT_TILES = {"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, **NOT_GRID}
+NOT_TILES = {"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "fp32",
+             **NOT_GRID}
 
 
 def for_prep(overrides: dict) -> dict:

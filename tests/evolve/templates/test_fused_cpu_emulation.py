@@ -108,6 +108,11 @@ static inline unsigned short f32_to_bf16_rn(float x) {
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return (unsigned)f32_to_bf16_rn(lo) | ((unsigned)f32_to_bf16_rn(hi) << 16);
 }
+// mul.rn.bf16x2: the product of two bf16 values is exact in fp32, so one rounding, as on the GPU
+__device__ __forceinline__ unsigned mul_bf16x2(unsigned a, unsigned b) {
+    return pack_bf16x2(__uint_as_float(a << 16) * __uint_as_float(b << 16),
+                       __uint_as_float(a & 0xffff0000u) * __uint_as_float(b & 0xffff0000u));
+}
 // cp.async: a copy lands either at once (the earliest a GPU may deliver it: a buffer still
 // being read when it is refilled gets overwritten) or only when its thread waits for its
 // group (the latest: a read not covered by the right wait sees stale data), one or the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import TEMPLATES, compile_cubin, compile_ptx, for_prep, needs_nvcc, parse_ptxas
+from .conftest import NOT_TILES, TEMPLATES, compile_cubin, compile_ptx, for_prep, needs_nvcc, parse_ptxas
 
 # (overrides, register bound for the state kernel); the prep kernel is capped at 128
 # registers by its launch bounds (two CTAs of 256 threads per SM), at 80 with
@@ -42,6 +42,8 @@ POINTS = [
     ({"prep_schedule": "persistent", "flush_denormals": 0}, 232),
     ({"prep_order": "by_head"}, 232),   # the prep's CTA orders (the defaults: by_chunk_descending)
     ({"prep_order": "by_chunk", "segments": 2}, 232),
+    ({"elementwise": "bf16x2"}, 232),   # the elementwise stage on packed bf16 pairs
+    ({"elementwise": "bf16x2", "prep_schedule": "persistent"}, 232),
 ]
 POINTS = [(for_prep(o), bound) for o, bound in POINTS]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
@@ -54,7 +56,7 @@ def test_family_loads_and_defaults_are_admitted():
     assert fam.check(fam.defaults) == []
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
                                  "uo_blocks", "out_store", "prep_schedule", "segments", "diag_inverse",
-                                 "inverse_products", "flush_denormals", "prep_order"}
+                                 "inverse_products", "flush_denormals", "prep_order", "elementwise"}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -71,6 +73,7 @@ def test_family_loads_and_defaults_are_admitted():
     ({"prep_schedule": "persistent"}, "way of the tiles prep's grid schedule"),   # the defaults' CTA order   # the defaults' tf32 inverse exists only in the tiles prep
     ({"prep_smem": "full", "inverse_products": "fp32", "flush_denormals": 0}, "ways of the tiles prep"),
     ({"prep_smem": "lean", "diag_inverse": "after_blocks", "inverse_products": "fp32"}, "ways of the tiles prep"),
+    ({"prep_smem": "full", **NOT_TILES, "elementwise": "bf16x2"}, "ways of the tiles prep"),
 ])
 def test_constraints_reject(overrides, message):
     from evolve.families import load_family

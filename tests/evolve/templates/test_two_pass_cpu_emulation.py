@@ -257,6 +257,9 @@ def build(cand: Path, work: Path) -> Path:
     approx = _strip_functions((cand / "kda_approx.cuh").read_text(), ["ex2_ftz", "rcp_ftz"])
     assert "asm" not in re.sub(r"//.*", "", approx), "a PTX primitive was left in kda_approx.cuh"
     (work / "kda_approx.cuh").write_text(approx.replace("#pragma once", APPROX, 1))
+    packed = _strip_functions((cand / "kda_bf16x2.cuh").read_text(), ["mul_bf16x2"])   # PRIMITIVES has its CPU form
+    assert "asm" not in re.sub(r"//.*", "", packed), "a PTX primitive was left in kda_bf16x2.cuh"
+    (work / "kda_bf16x2.cuh").write_text(packed)
     shutil.copy(cand / "iket.cuh", work / "iket.cuh")
     # The persistent prep takes NC and B and runs on a few CTAs that loop over the chunks
     # (three here: each takes several chunks, so both tile pairs and the hand-over are used);
@@ -328,13 +331,15 @@ POINTS = [
     ({"prep_order": "by_head"}, [(1, 129, 2, "scored"), (2, 200, 1, "saturated")]),
     ({"prep_order": "by_chunk"}, [(1, 129, 2, "scored"), (2, 200, 1, "switch")]),
     ({"segments": 4}, [(2, 257, 2, "scored")]),
+    # the elementwise stage on packed bf16 pairs
+    ({"elementwise": "bf16x2"}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 1, "saturated")]),
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
        "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
        "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
        "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32",
-       "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2"]
+       "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2", "elementwise_bf16x2"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)

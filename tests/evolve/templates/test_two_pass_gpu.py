@@ -53,9 +53,10 @@ def _host(data, name):
     {"prep_order": "by_head"},   # a head's chunks in turn (the defaults before prep_order)
     {"prep_order": "by_chunk"},
     {"prep_order": "by_head", "segments": 4},
+    {"elementwise": "bf16x2"},   # the elementwise stage on packed bf16 pairs
 ], ids=["defaults", "cta_full_s1", "cta_vb64", "wl_full", "wl_vb64_s1", "cta_lean", "wl_lean", "wl_uo1", "warp_local",
         "wgmma_s2", "wgmma_s1_lean", "persistent_prep", "segments_4", "diag_in_blocks", "inverse_tf32",
-        "diag_in_blocks_tf32", "tf32_flush", "by_head", "by_chunk", "by_head_segments"])
+        "diag_in_blocks_tf32", "tf32_flush", "by_head", "by_chunk", "by_head_segments", "elementwise_bf16x2"])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
     cand, _ = render_point("two_pass", **for_prep(overrides))
