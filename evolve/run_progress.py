@@ -53,16 +53,24 @@ class Progress:
         top = max(stats.failures.items(), key=lambda kv: kv[1], default=None)
         short_fails = f"{total}" + (f" ({top[0][:4]} {top[1]})" if top and len(stats.failures) > 1 else
                                     f" {top[0][:4]}" if top else "")
-        best = "-" if stats.best_speedup is None else (
-            f"{stats.best_ms:.4f} ms {stats.best_speedup:.3f}x" if stats.best_ms else f"{stats.best_speedup:.3f}x")
+        # The confirmed best; before any promotion, the fastest bench so far, marked as such.
+        if stats.best_speedup is not None:
+            best = _figure(stats.best_ms, stats.best_speedup)
+            short_best = f"{stats.best_speedup:.3f}x"
+        elif stats.fastest_speedup is not None:
+            best = _figure(stats.fastest_ms, stats.fastest_speedup) + " unconfirmed"
+            short_best = f"{stats.fastest_speedup:.3f}x?"
+        else:
+            best = short_best = "-"
         m, s = divmod(int(wall), 60)
         gpu = f"{busy:.0%}" if self.has_gpu else "- (CPU server)"
         return [(f"[evolve {m:02d}:{s:02d}]", f"[{m:02d}:{s:02d}]", "", "", 0),
                 ("evaluated", "ev", str(stats.evaluated), str(stats.evaluated), 1),
-                ("in flight", "run", str(stats.in_flight), str(stats.in_flight), 5),
-                ("failures", "fail", short_fails, fails, 4),
-                ("best", "best", best, best, 2),
-                ("promotions", "prom", str(stats.promotions), str(stats.promotions), 6),
+                ("benched", "bn", str(stats.benched), str(stats.benched), 4),
+                ("in flight", "run", str(stats.in_flight), str(stats.in_flight), 6),
+                ("failures", "fail", short_fails, fails, 5),
+                ("best", "best", short_best, best, 2),
+                ("promotions", "prom", str(stats.promotions), str(stats.promotions), 7),
                 ("gpu busy", "gpu", gpu if self.has_gpu else "cpu", gpu, 3)]
 
     def update(self, stats: RunStats, force: bool = False) -> None:
@@ -88,3 +96,7 @@ class Progress:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _figure(ms: float | None, speedup: float) -> str:
+    return f"{ms:.4f} ms {speedup:.3f}x" if ms else f"{speedup:.3f}x"

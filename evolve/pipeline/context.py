@@ -65,15 +65,27 @@ class RunStats:
     passed: int = 0
     failures: Counter = field(default_factory=Counter)
     lease_held_ms: float = 0.0
-    best_ms: float | None = None
+    best_ms: float | None = None   # the confirmed best (the latest promotion's bench)
     best_speedup: float | None = None
     promotions: int = 0
+    # Benches passed in this run, and the fastest of them: on one GPU a pipeline (check,
+    # gputest, bench, two confirmations) takes minutes, and until the first one ends these
+    # are the only news of the search.
+    benched: int = 0
+    fastest_ms: float | None = None
+    fastest_speedup: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_lease(self, ms: float | None) -> None:
         if ms:
             with self.lock:
                 self.lease_held_ms += ms
+
+    def add_bench(self, ms: float | None, speedup: float | None) -> None:
+        with self.lock:
+            self.benched += 1
+            if speedup is not None and (self.fastest_speedup is None or speedup > self.fastest_speedup):
+                self.fastest_ms, self.fastest_speedup = ms, speedup
 
 
 @dataclass

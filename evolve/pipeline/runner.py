@@ -91,6 +91,8 @@ def run_stage(ctx: StageContext, stage: Stage, cand: Candidate, retry_of: int | 
     if not ctx.pop.finish_stage(eid, result):
         log.warning("evaluation %s was closed by someone else; result dropped", eid)
     ctx.stats.add_lease(result.lease_held_ms)
+    if stage == Stage.BENCH and result.status == EvaluationStatus.PASSED:
+        ctx.stats.add_bench(result.ms, result.speedup)
     if result.metrics.get(OUTCOME_UNKNOWN) and retry_of is None and not ctx.cancel.is_set():
         # A router lost the node mid-stage: this row says so (failed, transport, outcome
         # unknown) and the stage runs once more as a new row that names it; a second loss

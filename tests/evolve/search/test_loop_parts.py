@@ -41,6 +41,24 @@ def test_progress_redraws_on_a_tty_and_prints_lines_otherwise():
     assert "1.2500 ms 2.000x" in line and "gpu busy 0%" in line
 
 
+def test_before_any_promotion_the_line_shows_the_benches_and_the_fastest_unconfirmed():
+    # On one GPU a pipeline takes minutes (an H200 run showed "evaluated 0 ... best -" for
+    # seven minutes while three benches had passed): the benches are the news until then.
+    stats = RunStats()
+    stats.in_flight = 3
+    for ms, speedup in ((0.9198, 2.864), (0.8380, 3.147), (1.469, 1.795)):
+        stats.add_bench(ms, speedup)
+    plain = io.StringIO()
+    Progress(plain, gpu_slots=1, interval_s=0.0, has_gpu=True).update(stats, force=True)
+    line = plain.getvalue()
+    assert "evaluated 0" in line and "benched 3" in line and "0.8380 ms 3.147x unconfirmed" in line
+    # once a promotion is read back, the confirmed figure replaces it
+    stats.best_ms, stats.best_speedup = 0.8380, 3.147
+    plain = io.StringIO()
+    Progress(plain, gpu_slots=1, interval_s=0.0, has_gpu=True).update(stats, force=True)
+    assert "best 0.8380 ms 3.147x" in plain.getvalue() and "unconfirmed" not in plain.getvalue()
+
+
 def test_transport_trouble_is_told_apart():
     assert is_transport_error(TransportError("connection refused"))
     assert is_transport_error(RemoteError("busy", "queue full", status_code=503))

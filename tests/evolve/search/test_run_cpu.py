@@ -20,6 +20,7 @@ def test_run_finds_a_candidate_better_than_its_seed(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "embedded server at http://127.0.0.1:" in proc.stderr
     assert "evaluated 3" in proc.stderr                   # progress lines (stderr is not a TTY)
+    assert "benched 3" in proc.stderr                     # each bench told as it passes
     assert "rank" in proc.stdout and "numpy_chunked" in proc.stdout   # the leaderboard
 
     pop = Population(open_database(db_url))
