@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -430,3 +431,46 @@ def test_the_trusted_baselines_extra_per_call_calibrates_the_candidates_weighing
     # The judge's figure keeps the protocol's extra: a refused host never comes out ahead of
     # its honest figure (1.1 ms here).
     assert f.clock == "judge" and f.ms == pytest.approx(1.5, abs=0.05)
+
+
+
+# A judge without privileges (as inside a server's sandbox) starts the baseline's host, and
+# a process of the same uid (a candidate's host where Landlock does not confine it) tries to
+# open that host's memory for writing.
+ATTACH = textwrap.dedent("""
+    import json, subprocess, sys, tempfile
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from judge.backend import make_backend
+    from judge.hostproc import HostProcess, Snapshot
+    from judge.memory import Arena
+    kda = Path(sys.argv[1])
+    arena = Arena(make_backend("cpu"))
+    host = HostProcess(arena, Snapshot(kda / "judge"), "trusted", "cpu", Path(tempfile.mkdtemp()), "trusted")
+    try:
+        host.request({"op": "load", "spec": json.loads((kda / "forward_cpu_small" / "workload.json").read_text())},
+                     timeout=120)
+        probe = "import sys\\ntry:\\n open(f'/proc/{sys.argv[1]}/mem', 'r+b').close(); print('opened')\\nexcept PermissionError:\\n print('refused')"
+        print(subprocess.run([sys.executable, "-c", probe, str(host.proc.pid)], capture_output=True, text=True,
+                             timeout=60).stdout.strip())
+    finally:
+        host.close()
+        arena.free_all()
+""")
+
+
+def test_no_process_of_its_uid_may_write_the_baseline_hosts_memory():
+    """The baseline's host lives beside every candidate's host of the timing trials; where
+    Landlock does not confine a candidate (and Yama allows it), only the host's own
+    non-dumpable flag keeps a process of the same uid from patching the baseline's memory
+    through /proc (or ptrace), to slow every later baseline batch."""
+    import shutil
+
+    prefix: list[str] = []
+    if os.geteuid() == 0:   # the same uid without any capability, as a sandboxed judge and its hosts run
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to run the judge without privileges")
+        prefix = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
+    out = subprocess.run([*prefix, sys.executable, "-c", ATTACH, str(KDA)], capture_output=True, text=True,
+                         timeout=180, cwd="/")
+    assert out.stdout.strip().splitlines()[-1:] == ["refused"], (out.stdout, out.stderr[-2000:])

@@ -48,17 +48,22 @@ from .memory import Buffer, export, place
 from .preroll import Waiter
 from .spec import parse_spec
 
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 FILE_LIMIT = 1 << 30  # bytes any file it writes may reach (its log included)
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
 
 
 def _harden() -> None:
     """Before any candidate code: no privilege gain through exec, and a bound on what the
     process may write to files (its log included)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - not Linux
-        pass
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
     try:
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
     except (ValueError, OSError):
@@ -237,6 +242,11 @@ def _confine(be: Backend, writable: list[str]) -> None:
 def main(argv: list[str]) -> int:
     # writable: the folders a confined host keeps; preroll: the judge's event, "-" for none
     fd, role, device, preroll, writable = int(argv[0]), argv[1], argv[2], argv[3], argv[4:]
+    if role == "trusted":
+        # The baseline's host lives through every timing trial, beside each candidate's host
+        # of the same uid: not dumpable, no such process may ptrace it or write its memory
+        # through /proc (where Landlock does not confine the candidate and Yama allows it).
+        _prctl(PR_SET_DUMPABLE, 0)
     _harden()
     _settle()
     chan = Channel(socket.socket(fileno=fd))
