@@ -94,6 +94,8 @@ def format_lines(rep: BenchReport) -> list[str]:
         lines.append(f"method: {rep.method}")
     if rep.clock and rep.kernel_ms is not None:
         lines.append(f"clock: {rep.clock}")
+        # the trials whose host times were refused, measured again, or taken by their mean
+        lines.extend(f"timing: {_one_line(flag)}" for flag in rep.timing_flags)
     if rep.isolation:
         lines.append(f"isolation: {rep.isolation}")
     if rep.tolerance:

@@ -52,3 +52,11 @@ def test_flaky_case_line_and_transport_failure():
     rep = BenchReport.failure("transport", "transport: connection refused")
     assert format_lines(rep) == ["result: FAIL transport: transport: connection refused"]
     assert rep.model_validate_json(rep.model_dump_json()) == rep
+
+
+def test_a_remeasured_trial_is_told_under_the_clock_line():
+    raw = dict(RAW, clock="host call times, every batch within the judge's own clock (...)",
+               timing_flags=["trial 1: re-measured once (kernel refused); the re-measure's host times stand"])
+    lines = format_lines(BenchReport.from_judge(raw))
+    at = lines.index("clock: host call times, every batch within the judge's own clock (...)")
+    assert lines[at + 1] == "timing: trial 1: re-measured once (kernel refused); the re-measure's host times stand"
