@@ -33,6 +33,20 @@ _TRUNCATE = 1 << 14   # ABI 3
 _SCOPE_SIGNAL = 1 << 1  # ABI 6
 
 
+# prctl options: the other rights a process gives up for itself (the judge, the hosts)
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def prctl(option: int, value: int) -> bool:
+    """prctl(option, value) on this process; False where it failed or is not Linux."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except Exception:  # noqa: BLE001 - not Linux
+        return False
+
+
 class _RulesetAttr(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
                 ("scoped", ctypes.c_uint64)]

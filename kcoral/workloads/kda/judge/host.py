@@ -28,7 +28,6 @@ Messages (see channel.py), each answered by {"ok": true, ...} or {"ok": false, "
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import socket
@@ -42,28 +41,19 @@ from .backend import Backend, make_backend
 # host's folder once candidates may run beside it (fla and torch load at the baseline's make).
 from .baseline import make_baseline
 from .channel import Channel, ChannelClosed
-from .confine import confine_writes
+from .confine import PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, confine_writes, prctl
 from .harness import CandidateError, load_solution, tail
 from .memory import Buffer, export, place
 from .preroll import Waiter
 from .spec import parse_spec
 
-PR_SET_DUMPABLE = 4
-PR_SET_NO_NEW_PRIVS = 38
 FILE_LIMIT = 1 << 30  # bytes any file it writes may reach (its log included)
-
-
-def _prctl(option: int, value: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - not Linux
-        pass
 
 
 def _harden() -> None:
     """Before any candidate code: no privilege gain through exec, and a bound on what the
     process may write to files (its log included)."""
-    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
     try:
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
     except (ValueError, OSError):
@@ -246,7 +236,7 @@ def main(argv: list[str]) -> int:
         # The baseline's host lives through every timing trial, beside each candidate's host
         # of the same uid: not dumpable, no such process may ptrace it or write its memory
         # through /proc (where Landlock does not confine the candidate and Yama allows it).
-        _prctl(PR_SET_DUMPABLE, 0)
+        prctl(PR_SET_DUMPABLE, 0)
     _harden()
     _settle()
     chan = Channel(socket.socket(fileno=fd))

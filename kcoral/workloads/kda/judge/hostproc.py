@@ -8,7 +8,6 @@ daemons) is re-parented to the judge and swept when the host is closed: nothing 
 candidate runs while another process is timed."""
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import socket
@@ -20,11 +19,9 @@ from pathlib import Path
 
 from . import sandboxed
 from .channel import Channel, ChannelClosed
-from .confine import landlock_abi
+from .confine import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, landlock_abi, prctl
 from .harness import CandidateError
 
-PR_SET_DUMPABLE = 4
-PR_SET_CHILD_SUBREAPER = 36
 UNPRIVILEGED = 65534  # nobody
 LOG_TAIL = 16 * 1024
 REPLY_TIMEOUT_S = 600.0
@@ -42,13 +39,6 @@ CPU_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_
 _live: dict[int, "HostProcess"] = {}
 
 
-def _prctl(option: int, value: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except Exception:  # noqa: BLE001 - not Linux
-        return False
-
-
 # Set once this process is the judge's own (protect_judge): only then are orphans of closed
 # hosts re-parented to it, and only then is every other descendant one of the hosts' leftovers.
 _subreaper: list[bool] = []
@@ -57,7 +47,7 @@ _subreaper: list[bool] = []
 def protect_judge() -> dict:
     """The judge's own process: not dumpable (no same-uid process may read its memory or
     open its descriptors through /proc) and a subreaper of everything its hosts start."""
-    got = {"non_dumpable": _prctl(PR_SET_DUMPABLE, 0), "subreaper": _prctl(PR_SET_CHILD_SUBREAPER, 1)}
+    got = {"non_dumpable": prctl(PR_SET_DUMPABLE, 0), "subreaper": prctl(PR_SET_CHILD_SUBREAPER, 1)}
     if got["subreaper"]:
         _subreaper.append(True)
     return got

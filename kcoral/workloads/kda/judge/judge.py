@@ -349,7 +349,7 @@ class Judge:
             one = regime_inputs(be, spec, spec.T, self.seed("null"))
             trials: list[Pair] = []
             flags: list[str] = []
-            discarded: dict[int, Pair] = {}
+            others: dict[int, Pair] = {}   # by trial: the measure a re-measure left out
             for trial in range(t.trials):
                 self.log(f"timing trial {trial + 1} of {t.trials} ({name})")
                 began = time.monotonic()
@@ -359,7 +359,7 @@ class Judge:
                     self.log(f"timing trial {trial + 1}: {', '.join(first)} refused, measured again")
                     again = self._trial(trial, "-again", trusted, base, null, one, against)
                     kept, note = settle(pair, again, against)
-                    discarded[trial] = again if kept is pair else pair
+                    others[trial] = again if kept is pair else pair
                     pair = kept
                     flags.append(f"trial {trial + 1}: {note}")
                 elif first:
@@ -370,7 +370,7 @@ class Judge:
             raise Stop(exc.kind, f"timing: {exc.message}") from None
         finally:
             self._close(trusted)
-        self.report.update(summarise(trials, discarded))
+        self.report.update(summarise(trials, others))
         self.report["timing_flags"] = flags
         self.report["clock"] = _clock_text(trials, t)
         self._scored_verdict()

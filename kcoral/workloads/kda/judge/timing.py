@@ -183,10 +183,13 @@ def settle(first: Pair, again: Pair, against: bool) -> tuple[Pair, str]:
                    f"({', '.join(after)}), the first measure kept")
 
 
-def summarise(trials: list[Pair], discarded: dict[int, Pair] | None = None) -> dict:
-    """`discarded`: by trial index, the measure a re-measure replaced or did not replace (on
+def summarise(trials: list[Pair], others: dict[int, Pair] | None = None) -> dict:
+    """`others`: by trial index, the measure a re-measure replaced or did not replace (on
     record either way)."""
-    discarded = discarded or {}
+    others = others or {}
+    rows = [_trial_dict(pair) for pair in trials]
+    for i, other in others.items():
+        rows[i]["other_measure"] = _trial_dict(other)
     b = [fb.ms for fb, _ in trials]
     k = [fc.ms for _, fc in trials]
     b_mean, k_mean = statistics.fmean(b), statistics.fmean(k)
@@ -198,8 +201,7 @@ def summarise(trials: list[Pair], discarded: dict[int, Pair] | None = None) -> d
             "baseline": (max(b) - min(b)) / b_mean if b_mean > 0 else 0.0,
             "kernel": (max(k) - min(k)) / k_mean if k_mean > 0 else 0.0,
         },
-        "trials": [dict(_trial_dict((fb, fc)), **({"other_measure": _trial_dict(discarded[i])} if i in discarded else {}))
-                   for i, (fb, fc) in enumerate(trials)],
+        "trials": rows,
     }
 
 
