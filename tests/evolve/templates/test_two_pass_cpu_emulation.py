@@ -44,7 +44,7 @@ static inline void __syncthreads() { gen_sync(g_named[0], g_nth); }
 WGMMA = r"""
 #include <map>
 #include <tuple>
-struct WgOp { float* d; int n8; bool trans_b; int scale_a; unsigned long long desc; int group; long seq; };
+struct WgOp { float* d; int n8; bool trans_b; int scale_a; int scale_d; unsigned long long desc; int group; long seq; };
 struct WgA { unsigned a[128][4]; int count = 0; };
 static std::map<std::tuple<long, int, long>, WgA> g_wg_a;   // (CTA, warpgroup, op) -> A fragments
 static std::vector<WgOp> g_wg_ops[1024];
@@ -53,12 +53,13 @@ static long g_wg_seq[1024];
 static unsigned char* g_wg_smem;     // the CTA's shared memory (set by the harness)
 static size_t g_wg_smem_bytes;
 static inline long wg_cta() { return blockIdx.x + (long)gridDim.x * (blockIdx.y + (long)gridDim.y * blockIdx.z); }
-static inline void wg_issue(float* d, int n8, bool trans_b, int scale_a, const unsigned a[4], unsigned long long desc) {
+static inline void wg_issue(float* d, int n8, bool trans_b, int scale_a, int scale_d, const unsigned a[4],
+                            unsigned long long desc) {
     const int t = threadIdx.x;
     WgA& x = g_wg_a[std::make_tuple(wg_cta(), t / 128, g_wg_seq[t])];
     for (int j = 0; j < 4; ++j) x.a[t % 128][j] = a[j];
     x.count++;
-    g_wg_ops[t].push_back({d, n8, trans_b, scale_a, desc, g_wg_group[t], g_wg_seq[t]});
+    g_wg_ops[t].push_back({d, n8, trans_b, scale_a, scale_d, desc, g_wg_group[t], g_wg_seq[t]});
     g_wg_seq[t]++;
 }
 // B(k, n) of a 128-byte swizzled operand, as the descriptor describes it
@@ -87,11 +88,11 @@ static inline void wg_run(const WgOp& op) {
                 const unsigned r = x.a[32 * (m / 16) + ((m % 16) % 8) * 4 + (k % 8) / 2][(m % 16) / 8 + 2 * (k / 8)];
                 acc += ((k & 1) ? bf_hi(r) : bf_lo(r)) * wg_b(op.desc, op.trans_b, k, n);
             }
-            op.d[4 * i + e] += op.scale_a * acc;
+            op.d[4 * i + e] = (op.scale_d ? op.d[4 * i + e] : 0.f) + op.scale_a * acc;
         }
 }
-template <int SCALE_A> __device__ __forceinline__ void wgmma_64x64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc) { wg_issue(&d[0][0], 8, false, SCALE_A, a, desc); }
-template <int SCALE_A> __device__ __forceinline__ void wgmma_64x128_rs_bt(float (&d)[16][4], const unsigned (&a)[4], unsigned long long desc) { wg_issue(&d[0][0], 16, true, SCALE_A, a, desc); }
+template <int SCALE_A, int SCALE_D = 1> __device__ __forceinline__ void wgmma_64x64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc) { wg_issue(&d[0][0], 8, false, SCALE_A, SCALE_D, a, desc); }
+template <int SCALE_A> __device__ __forceinline__ void wgmma_64x128_rs_bt(float (&d)[16][4], const unsigned (&a)[4], unsigned long long desc) { wg_issue(&d[0][0], 16, true, SCALE_A, 1, a, desc); }
 __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void fence_async_shared() {}
 template <int N8> __device__ __forceinline__ void wgmma_hold(float (&)[N8][4]) {}
@@ -202,7 +203,7 @@ int main(int argc, char** argv) {
         int rc = run_grid(PREP_GRID, 256, prep_k::prep_smem, sizeof prep_k::prep_smem, rng);
         if (rc) return rc;
         g_body = [&] {
-            state_k::kda_state_kernel(qg.data(), w.data(), ut.data(), p.data(), kd.data(), gc.data(), s_in,
+            state_k::kda_state_kernel(qg.data(), w.data(), ut.data() STATE_V_ARG, p.data(), kd.data(), gc.data(), s_in,
                                       out.data(), s_out, T, H, NC STATE_EXTRA_ARGS, scale);
         };
         g_wg_smem = state_k::state_smem;
@@ -276,6 +277,9 @@ def build(cand: Path, work: Path) -> Path:
         launch = "#define PREP_EXTRA_ARGS\n#define PREP_GRID {(unsigned)NC, (unsigned)H, (unsigned)B}\n"
     launch += ("#define STATE_EXTRA_ARGS , c0, c1\n" if "int c_begin, int c_end," in state_src
                else "#define STATE_EXTRA_ARGS\n")
+    # the walk that forms ut = T v reads the inputs' v (and the prep writes T where ut goes)
+    launch += ("#define STATE_V_ARG , v.data()\n" if "const bf16_t* __restrict__ v," in state_src
+               else "#define STATE_V_ARG\n")
     (work / "harness.cpp").write_text("#include <set>\n" + launch + HARNESS)
     exe = work / "kda_two_pass_cpu"
     res = subprocess.run([GXX, "-std=c++17", "-O1", "-fno-strict-aliasing", "-w", "-o", str(exe),
@@ -333,13 +337,20 @@ POINTS = [
     ({"segments": 4}, [(2, 257, 2, "scored")]),
     # the elementwise stage on packed bf16 pairs
     ({"elementwise": "bf16x2"}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 1, "saturated")]),
+    # ut = T v formed by the state walk from T and the inputs' v (rows past the end zeroed),
+    # with one ring slot and two, in chunk ranges, and beside the persistent prep
+    ({"ut_product": "state", "stages": 2}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 2, "saturated")]),
+    ({"ut_product": "state", "stages": 1, "out_store": "deferred"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({"ut_product": "state", "stages": 2, "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
+    ({"ut_product": "state", "stages": 2, "prep_schedule": "persistent"}, [(2, 129, 2, "scored")]),
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
        "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
        "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
        "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32",
-       "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2", "elementwise_bf16x2"]
+       "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2", "elementwise_bf16x2",
+       "ut_state_s2", "ut_state_s1_deferred", "ut_state_segments_4", "ut_state_persistent"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)

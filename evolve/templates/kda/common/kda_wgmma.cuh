@@ -28,6 +28,24 @@ __device__ __forceinline__ void tile_cp_async_sw128(unsigned char* s, const bf16
     for (int n = 0; n < ROWS / RSTEP; ++n) cp_async16(dst + n * RSTEP * 128, src + n * RSTEP * GSTRIDE);
 }
 
+// The same layout from rows GSTRIDE apart only at run time (an input's tokens, H heads
+// apart), rows from `valid` on zeroed (past the sequence's end).
+template <int ROWS, int COLS, int NTH>
+__device__ __forceinline__ void tile_rows_cp_async_sw128(unsigned char* s, const bf16_t* g, long gstride, int valid,
+                                                         int tid) {
+    constexpr int PIECES = COLS / 8;
+    constexpr int RSTEP = NTH / PIECES;
+    static_assert(COLS % 64 == 0 && NTH % PIECES == 0 && RSTEP % 8 == 0 && ROWS % RSTEP == 0, "as tile_cp_async_sw128");
+    const int r0 = tid / PIECES, j = tid % PIECES;
+    unsigned char* dst = s + (j >> 3) * ROWS * 128 + r0 * 128 + (((j & 7) ^ (r0 & 7)) << 4);
+    const bf16_t* src = g + r0 * gstride + j * 8;
+#pragma unroll
+    for (int n = 0; n < ROWS / RSTEP; ++n) {
+        if (r0 + n * RSTEP < valid) cp_async16(dst + n * RSTEP * 128, src + n * RSTEP * gstride);
+        else *reinterpret_cast<uint4*>(dst + n * RSTEP * 128) = make_uint4(0, 0, 0, 0);
+    }
+}
+
 // Shared-memory matrix descriptor of a 128-byte swizzled operand. K-major (the 16 k of one
 // step lie along a row): lead unused, stride = 1024 B between 8-row groups; the k step
 // moves the start by 32 B inside the row. MN-major (n along a row): lead = bytes between
@@ -60,13 +78,16 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[N8][4]) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
-// d (64 x 64) += SCALE_A * a (64 x 16, registers) * B (16 x 64: a K-major tile, 64 rows of n)
-template <int SCALE_A>
+// d (64 x 64) += SCALE_A * a (64 x 16, registers) * B (16 x 64: a K-major tile, 64 rows of n);
+// SCALE_D = 0 drops d's old values (d = SCALE_A a B), so a product that starts from zero
+// needs no zeros written first: written by the threads while an earlier group is in flight,
+// they made the compiler wait for that group
+template <int SCALE_A, int SCALE_D = 1>
 __device__ __forceinline__ void wgmma_64x64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc_b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, 1, %37, 1, 0;\n"
+        "{%32, %33, %34, %35}, %36, %38, %37, 1, 0;\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -75,7 +96,7 @@ __device__ __forceinline__ void wgmma_64x64_rs(float (&d)[8][4], const unsigned 
           "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(SCALE_A));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(SCALE_A), "n"(SCALE_D));
 }
 // d (64 x 128) += SCALE_A * a (64 x 16, registers) * B (16 x 128: an MN-major tile, 16 rows of k)
 template <int SCALE_A>
