@@ -46,7 +46,7 @@ POINTS = [
     ({"elementwise": "bf16x2", "prep_schedule": "persistent"}, 232),
     # ut = T v formed by the state walk (the prep writes T and never reads v)
     ({"ut_product": "state", "stages": 2}, 232),
-    ({"ut_product": "state", "stages": 1, "out_store": "deferred"}, 232),
+    ({"ut_product": "state", "stages": 2, "out_store": "deferred"}, 232),
     ({"ut_product": "state", "stages": 2, "prep_schedule": "persistent"}, 232),
 ]
 POINTS = [(for_prep(o), bound) for o, bound in POINTS]
@@ -80,6 +80,7 @@ def test_family_loads_and_defaults_are_admitted():
     ({"prep_smem": "full", **NOT_TILES, "elementwise": "bf16x2"}, "ways of the tiles prep"),
     ({"ut_product": "state"}, "227 KiB"),   # T beside p: three slots no longer fit
     ({"ut_product": "state", "stages": 2, "state_step": "warp_local"}, "forms ut"),
+    ({"ut_product": "state", "stages": 1}, "two ring slots"),
     ({"ut_product": "state", "stages": 1, "prep_smem": "lean", **NOT_TILES}, "writes T"),
 ])
 def test_constraints_reject(overrides, message):

@@ -338,9 +338,10 @@ POINTS = [
     # the elementwise stage on packed bf16 pairs
     ({"elementwise": "bf16x2"}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 1, "saturated")]),
     # ut = T v formed by the state walk from T and the inputs' v (rows past the end zeroed),
-    # with one ring slot and two, in chunk ranges, and beside the persistent prep
+    # the next chunk's behind each update: with inline and deferred stores, in chunk ranges
+    # (ranges of one chunk and more), and beside the persistent prep
     ({"ut_product": "state", "stages": 2}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 2, "saturated")]),
-    ({"ut_product": "state", "stages": 1, "out_store": "deferred"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({"ut_product": "state", "stages": 2, "out_store": "deferred"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
     ({"ut_product": "state", "stages": 2, "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
     ({"ut_product": "state", "stages": 2, "prep_schedule": "persistent"}, [(2, 129, 2, "scored")]),
 ]
@@ -350,7 +351,7 @@ IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_
        "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
        "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32",
        "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2", "elementwise_bf16x2",
-       "ut_state_s2", "ut_state_s1_deferred", "ut_state_segments_4", "ut_state_persistent"]
+       "ut_state_s2", "ut_state_deferred", "ut_state_segments_4", "ut_state_persistent"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
