@@ -28,8 +28,10 @@ __device__ __forceinline__ void tile_cp_async_sw128(unsigned char* s, const bf16
     for (int n = 0; n < ROWS / RSTEP; ++n) cp_async16(dst + n * RSTEP * 128, src + n * RSTEP * GSTRIDE);
 }
 
-// The same layout from rows GSTRIDE apart only at run time (an input's tokens, H heads
-// apart), rows from `valid` on zeroed (past the sequence's end).
+// The same layout from rows gstride apart, known only at run time (an input's tokens, H
+// heads apart), rows from `valid` on zeroed (past the sequence's end). Kept apart from the
+// one above: with its row test the scratch loads compile to more instructions, since the
+// compiler cannot see that every row of a full tile is present.
 template <int ROWS, int COLS, int NTH>
 __device__ __forceinline__ void tile_rows_cp_async_sw128(unsigned char* s, const bf16_t* g, long gstride, int valid,
                                                          int tid) {
