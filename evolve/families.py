@@ -242,7 +242,7 @@ class Family:
             return Family(spec, self.directory)
         except FamilyError:
             # The narrowed defaults may break a constraint: take the first admitted point.
-            point = next(iter(_points(parameters, lambda p: not self._quick_check(p))), None)
+            point = next(self._admitted(parameters), None)
             if point is None:
                 raise FamilyError(f"family {self.name!r}: the restricted space admits no point") from None
             return Family(spec.model_copy(update={"defaults": point}), self.directory)
@@ -263,9 +263,60 @@ class Family:
     def points(self) -> Iterator[dict[str, Value]]:
         """Every admitted point, defaults first, then in declaration order."""
         yield self.defaults
-        for point in _points(self.parameters, lambda p: not self._quick_check(p)):
+        for point in self._admitted(self.parameters):
             if point != self.spec.defaults:
                 yield point
+
+    def _admitted(self, parameters: Mapping[str, list[Value]]) -> Iterator[dict[str, Value]]:
+        """The admitted points of `parameters` in the order of their product (the last name
+        varies fastest), found depth first: a derived value is computed, and a constraint
+        checked, as soon as every parameter it reads (itself or through derived values) is
+        chosen, so no point below a broken constraint is ever built. Filtering the product
+        point by point took 40 s over two_pass's 500,000 combinations."""
+        names = list(parameters)
+        if not names:
+            yield from _points(parameters, lambda p: not self._quick_check(p))
+            return
+        depth = {n: i for i, n in enumerate(names)}
+        reads: dict[str, set[str]] = {}        # the parameters behind each derived value
+
+        def level(expr: Expression) -> int:   # the depth at which every name it reads is known
+            params: set[str] = set()
+            for n in expr.names:
+                params |= {n} if n in depth else reads.get(n, set(names))
+            return max((depth[n] for n in params), default=0)
+
+        derived_at: list[list[tuple[str, Expression]]] = [[] for _ in names]
+        for name, expr in self._derived:
+            reads[name] = set()
+            for n in expr.names:
+                reads[name] |= {n} if n in depth else reads.get(n, set(names))
+            derived_at[level(expr)].append((name, expr))
+        constraints_at: list[list[Expression]] = [[] for _ in names]
+        for _, expr in self._constraints:
+            constraints_at[level(expr)].append(expr)
+
+        env: dict[str, Value] = {}
+
+        def holds(d: int) -> bool:
+            try:
+                for name, expr in derived_at[d]:
+                    env[name] = expr.evaluate(env)
+                return all(bool(expr.evaluate(env)) for expr in constraints_at[d])
+            except ExpressionError:   # as environment() and constraint_failures() treat it
+                return False
+
+        def walk(d: int) -> Iterator[dict[str, Value]]:
+            for value in parameters[names[d]]:
+                env[names[d]] = value
+                if not holds(d):
+                    continue
+                if d + 1 == len(names):
+                    yield {n: env[n] for n in names}
+                else:
+                    yield from walk(d + 1)
+
+        yield from walk(0)
 
     def sample(self, rng: random.Random, attempts: int = 200) -> dict[str, Value]:
         """A uniformly drawn admitted point (rejection sampling, then enumeration)."""

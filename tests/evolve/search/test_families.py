@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import itertools
+import json
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 from evolve.expression import Expression, ExpressionError
 from evolve.families import FamilyError, ParamsError, load_family
-from tests.evolve.search.conftest import NUMPY_FAMILY
+from tests.evolve.search.conftest import NUMPY_FAMILY, REPO
 
 
 @pytest.mark.parametrize("source, env, expected", [
@@ -54,6 +59,84 @@ def test_toy_family_loads_with_derived_and_constraints(toy_family):
     assert len(points) == 36 - 4 - 6 + 2
     assert len({tuple(sorted(p.items())) for p in points}) == len(points)
     assert all(fam.admits(p) for p in points)
+
+
+def _filtered_product(fam):
+    """Every admitted point the slow way: each combination of the product, checked whole."""
+    names = list(fam.parameters)
+    points = [dict(zip(names, c)) for c in itertools.product(*fam.parameters.values())]
+    admitted = [p for p in points if fam.admits(p)]
+    return [fam.defaults] + [p for p in admitted if p != fam.defaults]
+
+
+def test_points_pruned_depth_first_are_the_filtered_product_in_its_order(toy_family):
+    # derived values that fail (a zero divisor) or read other derived values, a constraint on
+    # the first parameter alone, one on the last, and one that reads no parameter at all
+    (toy_family / "family.toml").write_text(textwrap.dedent("""\
+        name = "toy"
+        workloads = ["forward_cpu_small"]
+        render = ["solution.py.j2", "kernel.cu.j2"]
+        copy = ["../common/helper.cuh"]
+        cuda_sources = ["kernel.cu"]
+        kernels = ["toy_kernel"]
+
+        [parameters]
+        a = [0, 1, 2, 3]
+        b = [1, 2, 3]
+        c = ["x", "y"]
+        d = [4, 8]
+
+        [defaults]
+        a = 1
+        b = 1
+        c = "x"
+        d = 4
+
+        [derived]
+        q = "b // a"
+        r = "q + b"
+
+        [[constraints]]
+        expr = "r < 5"
+        message = "r"
+
+        [[constraints]]
+        expr = "c == 'x' or b != 2"
+        message = "c"
+
+        [[constraints]]
+        expr = "a != 3"
+        message = "a"
+
+        [[constraints]]
+        expr = "d == 4 or a == 1"
+        message = "d"
+
+        [[constraints]]
+        expr = "2 > 1"
+        message = "always"
+    """))
+    fam = load_family(toy_family)
+    points = list(fam.points())
+    assert points == _filtered_product(fam)
+    assert not any(p["a"] in (0, 3) for p in points)   # the zero divisor, the first constraint
+    assert len(points) == 11
+    # the KDA families: numpy_chunked whole, two_pass narrowed to a product small enough
+    # to filter point by point (it keeps every constraint and derived value)
+    numpy = load_family(NUMPY_FAMILY)
+    assert list(numpy.points()) == _filtered_product(numpy)
+    two_pass = load_family(NUMPY_FAMILY.parent / "two_pass").restrict(
+        fixed={"chunk": 64, "segments": 1, "prep_order": "by_head", "flush_denormals": 1, "diag_inverse": "in_blocks"})
+    assert two_pass.size_upper_bound() < 20000
+    assert list(two_pass.points()) == _filtered_product(two_pass)
+
+
+def test_the_space_walk_benchmark_prints_both_ways_and_they_agree():
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "family_space.py"), "--json", "--filtered",
+                          "--family", str(NUMPY_FAMILY)], capture_output=True, text=True, check=True).stdout
+    (row,) = json.loads(out)["rows"]
+    assert row["family"] == "numpy_chunked" and row["admitted"] == len(list(load_family(NUMPY_FAMILY).points()))
+    assert row["walk_s"] >= 0 and row["filtered_s"] >= 0
 
 
 def test_constraint_failure_names_the_constraint_and_values(toy_family):

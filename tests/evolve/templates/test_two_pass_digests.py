@@ -71,7 +71,7 @@ def test_defaults_unchanged():
                             "state_step": "wgmma", "prep_smem": "tiles", "uo_blocks": 2,
                             "out_store": "inline", "prep_schedule": "grid", "segments": 1,
                             "diag_inverse": "in_blocks", "inverse_products": "tf32", "flush_denormals": 1,
-                            "prep_order": "by_chunk_descending", "elementwise": "fp32"}
+                            "prep_order": "by_chunk_descending", "elementwise": "fp32", "ut_product": "prep"}
 
 
 # ---- the full and lean prep kernels, as the compiler sees them --------------------------
