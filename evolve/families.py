@@ -280,17 +280,18 @@ class Family:
         depth = {n: i for i, n in enumerate(names)}
         reads: dict[str, set[str]] = {}        # the parameters behind each derived value
 
-        def level(expr: Expression) -> int:   # the depth at which every name it reads is known
-            params: set[str] = set()
+        def params_of(expr: Expression) -> set[str]:   # itself or through derived values
+            out: set[str] = set()
             for n in expr.names:
-                params |= {n} if n in depth else reads.get(n, set(names))
-            return max((depth[n] for n in params), default=0)
+                out |= {n} if n in depth else reads.get(n, set(names))
+            return out
+
+        def level(expr: Expression) -> int:   # the depth at which every name it reads is known
+            return max((depth[n] for n in params_of(expr)), default=0)
 
         derived_at: list[list[tuple[str, Expression]]] = [[] for _ in names]
         for name, expr in self._derived:
-            reads[name] = set()
-            for n in expr.names:
-                reads[name] |= {n} if n in depth else reads.get(n, set(names))
+            reads[name] = params_of(expr)
             derived_at[level(expr)].append((name, expr))
         constraints_at: list[list[Expression]] = [[] for _ in names]
         for _, expr in self._constraints:
