@@ -10,7 +10,12 @@ costs rather than how long it waited for a core). The first `--warmup` proposals
 population whole and build the strategy's caches (the model's encoded space): a cost per
 run, shown apart. Prints a table (`--json`: JSON).
 
+With `--family DIR` the population is instead N admitted points of one of our template
+families (drawn uniformly, with made-up times): its space is the family's own, constraints and
+all, as `evolve run` searches it.
+
     python benchmarks/search_overhead.py [--candidates 10000] [--proposals 20] [--landscape L.csv.gz]
+    python benchmarks/search_overhead.py --family evolve/templates/kda/two_pass --candidates 1000
 """
 from __future__ import annotations
 
@@ -33,10 +38,11 @@ from rich.table import Table  # noqa: E402
 from sqlalchemy import insert  # noqa: E402
 
 from evolve.config import StrategyConfig  # noqa: E402
+from evolve.families import load_family  # noqa: E402
 from evolve.db.models import CandidateModel, EvaluationModel, utcnow  # noqa: E402
 from evolve.search_view import SearchView  # noqa: E402
 from evolve.population import Population  # noqa: E402
-from evolve.replay.landscape import load_landscape  # noqa: E402
+from evolve.replay.landscape import Landscape, Point, load_landscape  # noqa: E402
 from evolve.strategies import make_strategy, point_key  # noqa: E402
 
 DEFAULT = REPO / "benchmarks" / "landscapes" / "gemm-RTX3090.csv.gz"
@@ -71,17 +77,33 @@ def fill(pop: Population, workload_id: int, landscape, n: int, seed: int = 7) ->
     pop.recompute_best_speedups()
 
 
+def synthetic_landscape(family, n: int, seed: int = 11) -> Landscape:
+    """n admitted points of `family`, drawn uniformly, each with a made-up time (a fixed
+    random cost per parameter value, summed: a landscape a model can learn)."""
+    rng = random.Random(seed)
+    points = list(family.points())
+    cost = {(k, repr(v)): rng.uniform(0.0, 1.0) for k, vs in family.parameters.items() for v in vs}
+    return Landscape(name=family.name, parameters=family.parameters, points=[
+        Point(params=p, ms=1.0 + sum(cost[(k, repr(v))] for k, v in p.items()))
+        for p in rng.sample(points, min(n, len(points)))])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--candidates", type=int, default=10_000)
     ap.add_argument("--proposals", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3, help="first proposals shown apart (reads, caches)")
     ap.add_argument("--landscape", type=Path, default=DEFAULT)
+    ap.add_argument("--family", type=Path, help="a template family folder instead of a landscape")
     ap.add_argument("--strategies", default="auto,evolution,random")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    landscape = load_landscape(args.landscape)
-    family = landscape.family()
+    if args.family:
+        family = load_family(args.family)
+        landscape = synthetic_landscape(family, args.candidates)
+    else:
+        landscape = load_landscape(args.landscape)
+        family = landscape.family()
     tmp = Path(tempfile.mkdtemp(prefix="evolve-search-overhead-"))
     pop = Population.open(f"sqlite:///{tmp / 'evolve.db'}")
     wid = pop.ensure_workload("replay", "replay")

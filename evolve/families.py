@@ -93,6 +93,7 @@ class Family:
         self.parameters = spec.parameters
         self._derived = self._compile_derived(spec)
         self._constraints = self._compile_constraints(spec)
+        self._every_point: list[dict[str, Value]] | None = None   # sample()'s fallback, walked once
         self._check_files()
         failures = self.check(spec.defaults)
         if failures:
@@ -325,8 +326,9 @@ class Family:
             point = {k: rng.choice(v) for k, v in self.parameters.items()}
             if not self._quick_check(point):
                 return point
-        admitted = list(self.points())
-        return dict(rng.choice(admitted))
+        if self._every_point is None:   # a space that admits few of its combinations misses often
+            self._every_point = list(self.points())
+        return dict(rng.choice(self._every_point))
 
 
 def _member(value: Any, allowed: list[Value]) -> bool:

@@ -170,6 +170,17 @@ def test_sampling_is_seeded_and_admitted(toy_family):
     assert all(fam.admits(fam.sample(rng)) for _ in range(200))
 
 
+def test_sampling_a_space_that_rejects_every_draw_walks_it_once(toy_family, monkeypatch):
+    fam = load_family(toy_family)
+    walks = []
+    points = fam.points
+    monkeypatch.setattr(fam, "points", lambda: walks.append(1) or points())
+    rng = random.Random(3)
+    drawn = [fam.sample(rng, attempts=0) for _ in range(50)]   # no draw: every call falls back
+    assert all(fam.admits(p) for p in drawn) and len({tuple(sorted(p.items())) for p in drawn}) > 5
+    assert len(walks) == 1
+
+
 def test_restrict_fixes_and_narrows(toy_family):
     fam = load_family(toy_family).restrict(fixed={"mode": "b"}, subspace={"block": [32, 64]})
     points = list(fam.points())

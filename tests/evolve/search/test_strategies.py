@@ -192,3 +192,25 @@ def test_model_with_a_family_known_by_one_candidate_and_a_failure():
             keys.append(prop.key)
         runs.append(keys)
     assert runs[0] == runs[1]
+
+
+def test_the_model_scores_two_pass_from_its_admitted_points_not_rejection_samples():
+    """two_pass admits 2 % of its 500,000 combinations: drawing the model's candidates by
+    rejection sampling cost seconds per proposal (search_overhead.py --family). The space is
+    walked once instead, and each proposal is an untried admitted point."""
+    from evolve.strategies.model import ModelStrategy, _Space
+
+    fam = load_family(NUMPY_FAMILY.parent / "two_pass")
+    space = _Space(fam)
+    assert fam.size_upper_bound() > 50_000 and space.points is not None
+    assert len(space.points) == len(list(fam.points()))
+    points = list(space.points)
+    random.Random(1).shuffle(points)
+    correct = [Parent(id=i + 1, family="two_pass", params=points[i], speedup=1 + i / 10) for i in range(8)]
+    seen = {point_key("two_pass", p.params) for p in correct} | {point_key("two_pass", fam.defaults)}
+    strategy = ModelStrategy({"two_pass": fam}, StrategyConfig(seed=1, initial_points=2))
+    for i in range(3):
+        prop = strategy.propose(SearchState(correct=correct, failed=[], tried=seen, proposal_index=i),
+                                random.Random(i))
+        assert prop is not None and prop.key not in seen and fam.admits(prop.params)
+        seen.add(prop.key)
