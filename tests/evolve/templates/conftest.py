@@ -50,6 +50,7 @@ def cupy_or_skip():
 # constraint): the family's defaults are tiles values, so a full or lean point names these.
 NOT_GRID = {"prep_order": "by_head"}   # the grid tiles prep's own way, at its only value elsewhere
 NOT_TILES = {"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "fp32",
+             "row_norms": "cuda_cores",
              **NOT_GRID}
 
 

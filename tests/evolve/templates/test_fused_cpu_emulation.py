@@ -209,6 +209,26 @@ __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsign
         }
     mma_accumulate<16>(c, A, B);
 }
+// mma.m16n8k8 row.col bf16 -> fp32: A is a0 (row g) and a1 (row g + 8) at columns 2q, 2q + 1,
+// B is b (k rows 2q, 2q + 1 of column g).
+__device__ __forceinline__ void mma_bf16_k8(float c[4], unsigned a0, unsigned a1, unsigned b) {
+    const unsigned a[4] = {a0, a1, 0u, 0u};
+    WarpX& w = mma_operands(a, b, 0u);
+    const int l = lane_();
+    const int g = l / 4, q = l % 4;
+    float A[2][8], B[8][2];
+    for (int h = 0; h < 2; ++h)          // rows g and g + 8
+        for (int qq = 0; qq < 4; ++qq) {
+            const unsigned s = w.a[g * 4 + qq][h];
+            A[h][2 * qq] = bf_lo(s); A[h][2 * qq + 1] = bf_hi(s);
+        }
+    for (int n = 0; n < 2; ++n)          // columns 2q and 2q + 1
+        for (int qq = 0; qq < 4; ++qq) {
+            const unsigned s = w.b[(2 * q + n) * 4 + qq][0];
+            B[2 * qq][n] = bf_lo(s); B[2 * qq + 1][n] = bf_hi(s);
+        }
+    mma_accumulate<8>(c, A, B);
+}
 // named barriers: a thread's arrival counts one; sync waits for the barrier to complete
 __device__ __forceinline__ void named_bar_sync(int id, int n) {
     if (g_named_n[id] && g_named_n[id] != n) { std::fprintf(stderr, "barrier %d used with %d and %d\n", id, g_named_n[id], n); std::abort(); }

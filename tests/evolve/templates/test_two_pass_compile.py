@@ -43,7 +43,8 @@ POINTS = [
     ({"prep_order": "by_head"}, 232),   # the prep's CTA orders (the defaults: by_chunk_descending)
     ({"prep_order": "by_chunk", "segments": 2}, 232),
     ({"elementwise": "bf16x2"}, 232),   # the elementwise stage on packed bf16 pairs
-    ({"elementwise": "bf16x2", "prep_schedule": "persistent"}, 232),
+    ({"elementwise": "bf16x2", "prep_schedule": "persistent", "row_norms": "cuda_cores"}, 232),
+    ({"row_norms": "cuda_cores"}, 232),   # 1/|q| and 1/|k| summed on the CUDA cores (the defaults: tensor cores)
     # ut = T v formed by the state walk (the prep writes T and never reads v)
     ({"ut_product": "state", "stages": 2}, 232),
     ({"ut_product": "state", "stages": 2, "out_store": "deferred"}, 232),
@@ -60,7 +61,8 @@ def test_family_loads_and_defaults_are_admitted():
     assert fam.check(fam.defaults) == []
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
                                  "uo_blocks", "out_store", "prep_schedule", "segments", "diag_inverse",
-                                 "inverse_products", "flush_denormals", "prep_order", "elementwise", "ut_product"}
+                                 "inverse_products", "flush_denormals", "prep_order", "elementwise", "ut_product",
+                                 "row_norms"}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -82,6 +84,8 @@ def test_family_loads_and_defaults_are_admitted():
     ({"ut_product": "state", "stages": 2, "state_step": "warp_local"}, "forms ut"),
     ({"ut_product": "state", "stages": 1}, "two ring slots"),
     ({"ut_product": "state", "stages": 1, "prep_smem": "lean", **NOT_TILES}, "writes T"),
+    ({"prep_smem": "lean", **NOT_TILES, "row_norms": "tensor_cores"}, "ways of the tiles prep"),
+    ({"elementwise": "bf16x2", "prep_schedule": "persistent"}, "norms' fragments spill"),
 ])
 def test_constraints_reject(overrides, message):
     from evolve.families import load_family

@@ -261,6 +261,9 @@ def build(cand: Path, work: Path) -> Path:
     packed = _strip_functions((cand / "kda_bf16x2.cuh").read_text(), ["mul_bf16x2"])   # PRIMITIVES has its CPU form
     assert "asm" not in re.sub(r"//.*", "", packed), "a PTX primitive was left in kda_bf16x2.cuh"
     (work / "kda_bf16x2.cuh").write_text(packed)
+    k8 = _strip_functions((cand / "kda_mma_k8.cuh").read_text(), ["mma_bf16_k8"])   # PRIMITIVES has its CPU form
+    assert "asm" not in re.sub(r"//.*", "", k8), "a PTX primitive was left in kda_mma_k8.cuh"
+    (work / "kda_mma_k8.cuh").write_text(k8)
     shutil.copy(cand / "iket.cuh", work / "iket.cuh")
     # The persistent prep takes NC and B and runs on a few CTAs that loop over the chunks
     # (three here: each takes several chunks, so both tile pairs and the hand-over are used);

@@ -54,12 +54,15 @@ def _host(data, name):
     {"prep_order": "by_chunk"},
     {"prep_order": "by_head", "segments": 4},
     {"elementwise": "bf16x2"},   # the elementwise stage on packed bf16 pairs
+    {"row_norms": "cuda_cores"},   # 1/|q| and 1/|k| summed on the CUDA cores (the defaults before row_norms)
+    {"prep_schedule": "persistent", "elementwise": "bf16x2", "row_norms": "cuda_cores"},
     {"ut_product": "state", "stages": 2},   # ut = T v formed by the state walk from the inputs' v
     {"ut_product": "state", "stages": 2, "out_store": "deferred"},
     {"ut_product": "state", "stages": 2, "segments": 4},
 ], ids=["defaults", "cta_full_s1", "cta_vb64", "wl_full", "wl_vb64_s1", "cta_lean", "wl_lean", "wl_uo1", "warp_local",
         "wgmma_s2", "wgmma_s1_lean", "persistent_prep", "segments_4", "diag_in_blocks", "inverse_tf32",
         "diag_in_blocks_tf32", "tf32_flush", "by_head", "by_chunk", "by_head_segments", "elementwise_bf16x2",
+        "norms_cuda_cores", "persistent_bf16x2",
         "ut_state_s2", "ut_state_deferred", "ut_state_segments_4"])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
