@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from evolve.breaker import FailureBreaker
 from evolve.config import RunConfig
+from evolve.digest import SourcesChanged
 from evolve.events import EventHook, EventKind
 from evolve.families import Family
 from evolve.leaseclock import LeaseClock
@@ -138,8 +139,13 @@ class _Work:
         return self.ctx.stats
 
     def usable(self, cand: Candidate) -> bool:
-        # Processes on other hosts share the database, not necessarily the disk.
-        return self.ctx.candidate_dir(cand).is_dir()
+        # Processes on other hosts share the database, not necessarily the disk: a rendered
+        # candidate's folder is rendered again where it is missing.
+        try:
+            return self.ctx.restored_dir(cand).is_dir()
+        except SourcesChanged as exc:
+            log.warning("%s", exc)
+            return False
 
 
 class SearchLoop:

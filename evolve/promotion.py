@@ -91,7 +91,7 @@ class Promoter:
 
             def confirm_run() -> StageResult:
                 if against is not None and best_cand is not None:  # the best's folder runs too
-                    verify_sources(against, best_cand.digest, candidate_id=best_cand.id)
+                    verify_sources(self.ctx.restored_dir(best_cand), best_cand.digest, candidate_id=best_cand.id)
                 return bench_stage.run(self.ctx, cand, against=against)
 
             runs: list[StageResult] = []

@@ -2,6 +2,7 @@
 the gate that keeps GPU stages within the server's capacity."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -13,8 +14,12 @@ from typing import Any, Callable, Iterator
 from kcoral import Client, KcoralError
 
 from evolve.config import StageConfig
-from evolve.families import Family
+from evolve.digest import SourcesChanged
+from evolve.families import Family, ParamsError
 from evolve.population import Candidate, Population
+from evolve.render import RenderError, render_candidate
+
+log = logging.getLogger(__name__)
 
 
 class GpuGate:
@@ -129,3 +134,26 @@ class StageContext:
             if (base / p).is_dir():
                 return (base / p).resolve()
         return (self.root_dir / p).resolve()
+
+    def restored_dir(self, cand: Candidate) -> Path:
+        """`candidate_dir`, rendered again from the candidate's family and parameters where it
+        is gone (a run resumed on another host, a cleaned generated folder). Rendering is
+        deterministic and names its folder by digest, so the same templates restore the same
+        folder. Raises SourcesChanged where the family now renders other sources (its
+        templates were edited since): the recorded results are not for them."""
+        path = self.candidate_dir(cand)
+        family = self.families.get(cand.family) if cand.family else None
+        if path.is_dir() or family is None or path.name != cand.digest:
+            return path
+        try:
+            rendered = render_candidate(family, cand.params, path.parent)
+        except (RenderError, ParamsError, OSError) as exc:
+            raise SourcesChanged(f"the folder of candidate {cand.id} ({path}) is gone, and family "
+                                 f"{family.name!r} cannot render its parameters again: {exc}") from None
+        if rendered != path:
+            raise SourcesChanged(
+                f"the folder of candidate {cand.id} ({path}) is gone, and family {family.name!r} renders "
+                f"other sources for its parameters now (digest {rendered.name[:12]}, not {cand.digest[:12]}): "
+                f"its templates changed since, so its recorded results are not for them")
+        log.info("candidate %s: its folder was gone; rendered again from family %r", cand.id, family.name)
+        return path

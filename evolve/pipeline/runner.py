@@ -80,7 +80,7 @@ def run_stage(ctx: StageContext, stage: Stage, cand: Candidate, retry_of: int | 
 
     def verified() -> StageResult:
         # The folder is run as it is on disk: it must still be what was registered.
-        verify_sources(ctx.candidate_dir(cand), cand.digest, candidate_id=cand.id)
+        verify_sources(ctx.restored_dir(cand), cand.digest, candidate_id=cand.id)
         return work()
 
     result = attempt(ctx, verified)

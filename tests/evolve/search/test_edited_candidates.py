@@ -8,7 +8,7 @@ from evolve.commands.register import register_candidate
 from evolve.families import load_family
 from evolve.render import render_candidate
 from tests.evolve.search.conftest import NUMPY_FAMILY
-from tests.evolve.search.helpers import WORKLOAD, population, run_cli
+from tests.evolve.search.helpers import WORKLOAD, population, run_cli, write_config
 
 FAST = dict(algorithm="chunked", chunk=16, batching="per_chunk", decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
 
@@ -82,3 +82,48 @@ def test_a_stage_refuses_sources_changed_since_registration(tmp_path, cpu_server
     [check] = pop.evaluations(cid, "check")
     assert check.status == "failed" and check.failure_kind == "check"
     assert "changed since registration" in check.message and "evolve register" in check.message
+
+
+def _rendered_then_removed(tmp_path, family_dir):
+    """(db url, population, candidate id, folder): a rendered candidate in the population
+    whose folder was then deleted, as on a host that resumes a run another host began."""
+    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
+    pop = population(db_url)
+    wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
+    rendered = render_candidate(load_family(family_dir), FAST, tmp_path / "gen")
+    from evolve.population import NewCandidate
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="template", digest=rendered.name,
+                                             directory=str(rendered), family="numpy_chunked", params=FAST))
+    shutil.rmtree(rendered)
+    return db_url, pop, cand.id, rendered
+
+
+def _config_for(tmp_path, family_dir):
+    cfg = write_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace('name = "numpy_chunked"', f'name = "numpy_chunked"\npath = "{family_dir}"'))
+    return cfg
+
+
+def test_a_rendered_candidate_whose_folder_is_gone_is_rendered_again(tmp_path, cpu_server):
+    db_url, pop, cid, folder = _rendered_then_removed(tmp_path, NUMPY_FAMILY)
+    cfg = _config_for(tmp_path, NUMPY_FAMILY)
+    proc = run_cli("evaluate", str(cid), "--config", str(cfg), "--remote", cpu_server.url, "--db", db_url,
+                   "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert folder.is_dir()
+    assert [e.status for e in pop.evaluations(cid, "check")] == ["passed"]
+    assert [e.status for e in pop.evaluations(cid, "bench")] == ["passed"]
+
+
+def test_a_gone_folder_is_not_restored_from_templates_edited_since(tmp_path, cpu_server, copy_family):
+    family = copy_family(NUMPY_FAMILY)
+    db_url, pop, cid, folder = _rendered_then_removed(tmp_path, family)
+    template = family / "solution.py.j2"
+    template.write_text(template.read_text() + "\n# edited after the candidate was rendered\n")
+    proc = run_cli("evaluate", str(cid), "--config", str(_config_for(tmp_path, family)), "--remote",
+                   cpu_server.url, "--db", db_url, "--json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    assert not folder.is_dir()
+    [check] = pop.evaluations(cid, "check")
+    assert check.status == "failed" and check.failure_kind == "check"
+    assert "renders other sources" in check.message and "templates changed since" in check.message
