@@ -99,8 +99,9 @@ def _rendered_then_removed(tmp_path, family_dir):
 
 
 def _config_for(tmp_path, family_dir):
-    cfg = write_config(tmp_path)
-    cfg.write_text(cfg.read_text().replace('name = "numpy_chunked"', f'name = "numpy_chunked"\npath = "{family_dir}"'))
+    cfg = write_config(tmp_path, gputest=False)   # the check alone runs the restored folder on the server
+    text = cfg.read_text().replace('name = "numpy_chunked"', f'name = "numpy_chunked"\npath = "{family_dir}"')
+    cfg.write_text(text.replace("[stages.bench]\n", "[stages.bench]\nenabled = false\n"))
     return cfg
 
 
@@ -112,7 +113,6 @@ def test_a_rendered_candidate_whose_folder_is_gone_is_rendered_again(tmp_path, c
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert folder.is_dir()
     assert [e.status for e in pop.evaluations(cid, "check")] == ["passed"]
-    assert [e.status for e in pop.evaluations(cid, "bench")] == ["passed"]
 
 
 def test_a_gone_folder_is_not_restored_from_templates_edited_since(tmp_path, cpu_server, copy_family):
