@@ -278,6 +278,11 @@ def build(cand: Path, work: Path) -> Path:
         launch = "#define PREP_EXTRA_ARGS , c0, NC\n#define PREP_GRID {(unsigned)(c1 - c0), (unsigned)H, (unsigned)B}\n"
     else:
         launch = "#define PREP_EXTRA_ARGS\n#define PREP_GRID {(unsigned)NC, (unsigned)H, (unsigned)B}\n"
+    # the tiles prep takes the factor of 1/|q|: the attention scale where the walk leaves it out
+    # of its output (as the candidate's host passes it), 1 otherwise
+    if "float qscale," in prep_src:
+        qscale = "scale" if "scale = 1.f;   // the tiles prep folded it" in state_src else "1.f"
+        launch = launch.replace("#define PREP_EXTRA_ARGS", f"#define PREP_EXTRA_ARGS , {qscale}", 1)
     launch += ("#define STATE_EXTRA_ARGS , c0, c1\n" if "int c_begin, int c_end," in state_src
                else "#define STATE_EXTRA_ARGS\n")
     # the walk that forms ut = T v reads the inputs' v (and the prep writes T where ut goes)
