@@ -8,7 +8,8 @@ one OS thread; a warp-collective primitive waits for all 32 lanes, a named barri
 its thread count, and a scheduling pass in which no fiber can move is reported as a
 deadlock, a barrier left with arrivals at the end of a CTA as an error. Fibers are
 resumed in a seeded random order and random warps are held back for a pass, so warps
-drift against each other. Shared memory is filled with NaN before each CTA, outputs are NaN-poisoned.
+drift against each other; one warp per CTA is held back most passes, so it runs far behind
+(a ring slot refilled before every warp is done with it is overwritten under it). Shared memory is filled with NaN before each CTA, outputs are NaN-poisoned.
 
 What it checks: index arithmetic, fragment plumbing, the ring hand-over (no deadlock,
 right slot), masking of partial chunks, cp.async group accounting (a copy lands only when
@@ -249,7 +250,7 @@ static int g_nth;   // threads per CTA of the grid being run
 
 # The host side both emulation tests share (after the kernel sources): binary I/O, canary
 # tails, and `run_grid`, which runs every CTA of a grid as fibers with warps drifting at
-# random and reports deadlocks, barriers left with arrivals and cp.async never waited for.
+# random (one of them far behind) and reports deadlocks, barriers left with arrivals and cp.async never waited for.
 DRIVER = r"""
 #include <functional>
 #include <random>
@@ -323,12 +324,18 @@ static int run_grid(dim3_ grid, int nth, unsigned char* sm, size_t smem_bytes, s
         std::vector<int> order(nth);
         for (int t = 0; t < nth; ++t) order[t] = t;
         bool full_pass = true;
+        // one warp of the CTA lags: held back 15 passes in 16, so it runs far behind the
+        // others (a buffer refilled before every warp is done with it gets overwritten under it)
+        const int laggard = (int)(rng() % (unsigned)(nth / 32));
         for (;;) {
             bool live = false, moved = false, skipped = false;
             std::shuffle(order.begin(), order.end(), rng);
             unsigned stalled = 0;                             // warps held back this pass
             if (!full_pass)
-                for (int w = 0; w < nth / 32; ++w) stalled |= (rng() % 4 == 0 ? 1u : 0u) << w;
+                for (int w = 0; w < nth / 32; ++w) {
+                    const bool held = w == laggard ? rng() % 16 != 0 : rng() % 4 == 0;
+                    stalled |= (held ? 1u : 0u) << w;
+                }
             for (int t : order) {
                 Fiber& f = fibers[t];
                 if (f.done) continue;

@@ -49,6 +49,12 @@ POINTS = [
     ({"ut_product": "state", "stages": 2}, 232),
     ({"ut_product": "state", "stages": 2, "out_store": "deferred"}, 232),
     ({"ut_product": "state", "stages": 2, "prep_schedule": "persistent"}, 232),
+    # the walk's tiles as bulk copies, the prep writing the ring's layout (its shuffles included)
+    ({"walk_loads": "bulk"}, 232),
+    ({"walk_loads": "bulk", "elementwise": "bf16x2"}, 232),
+    ({"walk_loads": "bulk", "stages": 1, "v_block": 64, "state_warps": 4}, 232),
+    ({"walk_loads": "bulk", "stages": 2, "out_store": "deferred", "segments": 2}, 232),
+    ({"walk_loads": "bulk", "prep_schedule": "persistent"}, 232),
 ]
 POINTS = [(for_prep(o), bound) for o, bound in POINTS]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
@@ -62,7 +68,7 @@ def test_family_loads_and_defaults_are_admitted():
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
                                  "uo_blocks", "out_store", "prep_schedule", "segments", "diag_inverse",
                                  "inverse_products", "flush_denormals", "prep_order", "elementwise", "ut_product",
-                                 "row_norms"}
+                                 "row_norms", "walk_loads"}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -86,6 +92,11 @@ def test_family_loads_and_defaults_are_admitted():
     ({"ut_product": "state", "stages": 1, "prep_smem": "lean", **NOT_TILES}, "writes T"),
     ({"prep_smem": "lean", **NOT_TILES, "row_norms": "tensor_cores"}, "ways of the tiles prep"),
     ({"elementwise": "bf16x2", "prep_schedule": "persistent"}, "norms' fragments spill"),
+    # bulk copies need the scratch in the ring's layout: written by the tiles prep, read by the wgmma walk, ut included
+    ({"walk_loads": "bulk", "state_step": "warp_local", "stages": 2}, "ring's image"),
+    ({"walk_loads": "bulk", "prep_smem": "lean", **NOT_TILES}, "ring's image"),
+    ({"walk_loads": "bulk", "ut_product": "state", "stages": 2}, "ring's image"),
+    ({"walk_loads": "bulk", "prep_schedule": "persistent", "row_norms": "cuda_cores"}, "CUDA-core norms"),
 ])
 def test_constraints_reject(overrides, message):
     from evolve.families import load_family

@@ -66,10 +66,20 @@ static inline void wg_issue(float* d, int n8, bool trans_b, int scale_a, int sca
 static inline float wg_b(unsigned long long desc, bool trans_b, int k, int n) {
     const unsigned start = (unsigned)(desc & 0x3FFF) << 4, lead = (unsigned)((desc >> 16) & 0x3FFF) << 4;
     const unsigned stride = (unsigned)((desc >> 32) & 0x3FFF) << 4;
-    if ((desc >> 62) != 1 || ((desc >> 49) & 7)) { std::fprintf(stderr, "wgmma: not a 128-byte swizzle descriptor\n"); std::abort(); }
-    unsigned addr = trans_b ? start + (n / 64) * lead + (n % 64) * 2 + (k % 8) * 128 + (k / 8) * stride
-                            : start + (n / 8) * stride + (n % 8) * 128 + k * 2;
-    addr ^= ((addr >> 7) & 7) << 4;   // 16-byte piece ^= row within the 1024-byte period
+    const unsigned layout = (unsigned)(desc >> 62);
+    if ((layout != 1 && layout != 3) || ((desc >> 49) & 7) || (layout == 3 && trans_b)) {
+        std::fprintf(stderr, "wgmma: not a 128-byte swizzle nor a K-major 32-byte swizzle descriptor\n");
+        std::abort();
+    }
+    unsigned addr;
+    if (layout == 3) {   // 32-byte swizzle, K-major, one k-step: rows of 32 bytes, halves swapped on rows 4..7 of 8
+        addr = start + (n / 8) * stride + (n % 8) * 32 + k * 2;
+        addr ^= ((addr >> 7) & 1) << 4;
+    } else {
+        addr = trans_b ? start + (n / 64) * lead + (n % 64) * 2 + (k % 8) * 128 + (k / 8) * stride
+                       : start + (n / 8) * stride + (n % 8) * 128 + k * 2;
+        addr ^= ((addr >> 7) & 7) << 4;   // 16-byte piece ^= row within the 1024-byte period
+    }
     const size_t off = (addr - ((size_t)g_wg_smem & 0x3FFFF)) & 0x3FFFF;   // 18 address bits
     if (off + 2 > g_wg_smem_bytes) { std::fprintf(stderr, "wgmma: B outside shared memory\n"); std::abort(); }
     unsigned short bits; std::memcpy(&bits, g_wg_smem + off, 2);
@@ -106,6 +116,61 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
         else ops[keep++] = ops[i];
     }
     ops.resize(keep);
+}
+"""
+
+# CPU versions of kda_bulk.cuh. An mbarrier counts its phase's announced bytes (expect_tx)
+# and the bytes its copies deliver; a phase completes when its one arrival came and the two
+# counts agree, and a waiter for a phase not yet complete blocks. Each bulk copy lands either
+# at once (the earliest a GPU may: a slot refilled while still read is overwritten) or when
+# its phase completes (the latest: a read not covered by the wait sees stale data), at random
+# per copy. A copy of a size or to an address the engine refuses aborts.
+BULK = r"""
+#include <map>
+struct BulkPending { unsigned char* dst; std::vector<unsigned char> data; };
+struct MBar { unsigned phase = 0; int count = 0, pending = 0; long announced = 0, delivered = 0;
+              std::vector<BulkPending> copies; };
+static std::map<const void*, MBar> g_mbar;
+static inline MBar& mbar_of(const void* bar) {
+    auto it = g_mbar.find(bar);
+    if (it == g_mbar.end() || it->second.count == 0) { std::fprintf(stderr, "mbarrier used before mbar_init\n"); std::abort(); }
+    return it->second;
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    MBar& b = g_mbar[bar];
+    b = MBar();
+    b.count = b.pending = (int)count;
+}
+__device__ __forceinline__ void mbar_fence_init() {}
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+    MBar& b = mbar_of(bar);
+    b.announced += bytes;
+    b.pending--;
+}
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned bytes, unsigned long long* bar) {
+    MBar& b = mbar_of(bar);
+    if (bytes % 16 || (size_t)smem % 16 || (size_t)gmem % 16) { std::fprintf(stderr, "bulk copy: not 16-byte aligned\n"); std::abort(); }
+    if ((unsigned char*)smem < g_wg_smem || (unsigned char*)smem + bytes > g_wg_smem + g_wg_smem_bytes) {
+        std::fprintf(stderr, "bulk copy: outside shared memory\n"); std::abort();
+    }
+    b.delivered += bytes;
+    g_cp_coin = g_cp_coin * 1664525u + 1013904223u;
+    if (g_cp_coin >> 31) { std::memcpy(smem, gmem, bytes); return; }
+    b.copies.push_back({(unsigned char*)smem, std::vector<unsigned char>((const unsigned char*)gmem, (const unsigned char*)gmem + bytes)});
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    MBar& b = mbar_of(bar);
+    WAIT_UNTIL((b.phase & 1) != parity || b.pending == 0);
+    if ((b.phase & 1) != parity) return;   // that phase has completed
+    if (b.announced != b.delivered) {
+        std::fprintf(stderr, "mbarrier: %ld bytes announced, %ld copied\n", b.announced, b.delivered);
+        std::abort();
+    }
+    for (BulkPending& c : b.copies) std::memcpy(c.dst, c.data.data(), c.data.size());
+    b.copies.clear();
+    b.phase++;
+    b.pending = b.count;
+    b.announced = b.delivered = 0;
 }
 """
 
@@ -261,6 +326,10 @@ def build(cand: Path, work: Path) -> Path:
     packed = _strip_functions((cand / "kda_bf16x2.cuh").read_text(), ["mul_bf16x2"])   # PRIMITIVES has its CPU form
     assert "asm" not in re.sub(r"//.*", "", packed), "a PTX primitive was left in kda_bf16x2.cuh"
     (work / "kda_bf16x2.cuh").write_text(packed)
+    bulk = _strip_functions((cand / "kda_bulk.cuh").read_text(),
+                            ["mbar_init", "mbar_fence_init", "mbar_expect_tx", "mbar_wait", "bulk_copy"])
+    assert "asm" not in re.sub(r"//.*", "", bulk), "a PTX primitive was left in kda_bulk.cuh"
+    (work / "kda_bulk.cuh").write_text(bulk.replace("#pragma once", "#pragma once\n" + BULK, 1))
     k8 = _strip_functions((cand / "kda_mma_k8.cuh").read_text(), ["mma_bf16_k8"])   # PRIMITIVES has its CPU form
     assert "asm" not in re.sub(r"//.*", "", k8), "a PTX primitive was left in kda_mma_k8.cuh"
     (work / "kda_mma_k8.cuh").write_text(k8)
@@ -352,6 +421,15 @@ POINTS = [
     ({"ut_product": "state", "stages": 2, "out_store": "deferred"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
     ({"ut_product": "state", "stages": 2, "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
     ({"ut_product": "state", "stages": 2, "prep_schedule": "persistent"}, [(2, 129, 2, "scored")]),
+    # bulk loads: the prep writes the ring's image (qg, kd, w, ut swizzled; P by k-step), the
+    # walk copies each tile whole on an mbarrier: every ring depth, two CTAs per head (ut's
+    # second panel), deferred stores, chunk ranges, the persistent prep, packed elementwise
+    ({"walk_loads": "bulk"}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 2, "saturated"), (1, 600, 1, "scored")]),
+    ({"walk_loads": "bulk", "stages": 2, "out_store": "deferred"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({"walk_loads": "bulk", "stages": 1, "v_block": 64, "state_warps": 4}, [(1, 129, 1, "scored"), (1, 65, 2, "saturated")]),
+    ({"walk_loads": "bulk", "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
+    ({"walk_loads": "bulk", "prep_schedule": "persistent"}, [(2, 129, 2, "scored")]),
+    ({"walk_loads": "bulk", "elementwise": "bf16x2"}, [(2, 129, 1, "switch"), (1, 200, 1, "saturated")]),
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
@@ -359,7 +437,8 @@ IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_
        "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
        "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32",
        "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2", "elementwise_bf16x2",
-       "ut_state_s2", "ut_state_deferred", "ut_state_segments_4", "ut_state_persistent"]
+       "ut_state_s2", "ut_state_deferred", "ut_state_segments_4", "ut_state_persistent",
+       "bulk", "bulk_s2_deferred", "bulk_vb64_s1", "bulk_segments_4", "bulk_persistent", "bulk_bf16x2"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)

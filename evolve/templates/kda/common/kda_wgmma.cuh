@@ -56,6 +56,13 @@ __device__ __forceinline__ unsigned long long sw128_desc(const void* p, unsigned
     const unsigned long long addr = smem_addr(p);
     return ((addr & 0x3FFFF) >> 4) | (unsigned long long)(lead_bytes >> 4) << 16 | (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
 }
+// A 32-byte swizzled K-major operand of one k-step (16 bf16 a row): rows 32 bytes apart, 8-row
+// groups 256 B apart, and the two 16-byte halves of a row swapped where row % 8 >= 4 (the
+// hardware's 32-byte swizzle: a block must start on a 256-byte boundary).
+__device__ __forceinline__ unsigned long long sw32_desc(const void* p) {
+    const unsigned long long addr = smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | 1ull << 16 | (unsigned long long)(256 >> 4) << 32 | 3ull << 62;
+}
 // The descriptor of the same operand `bytes` further on (a multiple of 16): the start
 // address is the low field, and shared memory ends below 256 KiB, so it cannot carry out.
 // Lets a loop build one descriptor per tile and step it with an add.
