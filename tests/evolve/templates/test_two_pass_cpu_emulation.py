@@ -103,6 +103,22 @@ static inline void wg_run(const WgOp& op) {
 }
 template <int SCALE_A, int SCALE_D = 1> __device__ __forceinline__ void wgmma_64x64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long desc) { wg_issue(&d[0][0], 8, false, SCALE_A, SCALE_D, a, desc); }
 template <int SCALE_A> __device__ __forceinline__ void wgmma_64x128_rs_bt(float (&d)[16][4], const unsigned (&a)[4], unsigned long long desc) { wg_issue(&d[0][0], 16, true, SCALE_A, 1, a, desc); }
+// stmatrix .x4 .trans: matrix m's row addresses from lanes 8 m .. 8 m + 7; row j of memory
+// gets column j of the matrix, whose element k the lane 4 k + j / 2 holds (half j % 2 of r[m])
+__device__ __forceinline__ void stsm_x4_trans(void* p, const unsigned (&r)[4]) {
+    WarpX& w = warp_();
+    const int l = lane_();
+    w.ptr[l] = p;
+    for (int j = 0; j < 4; ++j) w.a[l][j] = r[j];
+    __syncwarp();
+    const int m = l / 8, j = l % 8;
+    bf16_t* row = (bf16_t*)w.ptr[l];
+    for (int k = 0; k < 8; ++k) {
+        const unsigned v = w.a[4 * k + j / 2][m];
+        row[k] = (bf16_t)((j & 1) ? v >> 16 : v & 0xffffu);
+    }
+    __syncwarp();
+}
 __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void fence_async_shared() {}
 template <int N8> __device__ __forceinline__ void wgmma_hold(float (&)[N8][4]) {}
@@ -309,7 +325,7 @@ def build(cand: Path, work: Path) -> Path:
     tiles = tiles.replace("#pragma once", "#pragma once\n" + PRELUDE + PRIMITIVES + SYNCTHREADS + WGMMA, 1)
     wgmma = _strip_functions((cand / "kda_wgmma.cuh").read_text(),
                              ["wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_async_shared", "wgmma_hold",
-                              "wgmma_64x64_rs", "wgmma_64x128_rs_bt"])
+                              "wgmma_64x64_rs", "wgmma_64x128_rs_bt", "stsm_x4_trans"])
     assert "asm" not in re.sub(r"//.*", "", wgmma), "a PTX primitive was left in kda_wgmma.cuh"
     (work / "kda_wgmma.cuh").write_text(wgmma)
     for src in ("kda_prep.cu", "kda_state.cu"):

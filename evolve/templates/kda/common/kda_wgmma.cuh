@@ -70,6 +70,14 @@ __device__ __forceinline__ unsigned long long sw128_desc_at(unsigned long long d
     return desc + (bytes >> 4);
 }
 
+// stmatrix .x4 .trans: lanes 8 m .. 8 m + 7 give the row addresses of matrix m; r[m] is the
+// lane's fragment of an 8 x 8 matrix as mma.sync holds it (row lane / 4, columns 2 (lane % 4),
+// + 1), and each matrix is stored transposed: row j of memory gets its column j.
+__device__ __forceinline__ void stsm_x4_trans(void* p, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(smem_addr(p)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
