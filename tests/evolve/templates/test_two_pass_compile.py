@@ -55,6 +55,9 @@ POINTS = [
     ({"walk_loads": "bulk", "stages": 1, "v_block": 64, "state_warps": 4}, 232),
     ({"walk_loads": "bulk", "stages": 2, "out_store": "deferred", "segments": 2}, 232),
     ({"walk_loads": "bulk", "prep_schedule": "persistent"}, 232),
+    ({"walk_loads": "bulk", "ut_product": "state", "stages": 2}, 232),
+    ({"walk_loads": "bulk", "ut_product": "state", "stages": 2, "v_block": 64, "state_warps": 4, "out_store": "deferred"}, 232),
+    ({"walk_loads": "bulk", "ut_product": "state", "stages": 2, "elementwise": "bf16x2"}, 232),
 ]
 POINTS = [(for_prep(o), bound) for o, bound in POINTS]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
@@ -95,7 +98,6 @@ def test_family_loads_and_defaults_are_admitted():
     # bulk copies need the scratch in the ring's layout: written by the tiles prep, read by the wgmma walk, ut included
     ({"walk_loads": "bulk", "state_step": "warp_local", "stages": 2}, "ring's image"),
     ({"walk_loads": "bulk", "prep_smem": "lean", **NOT_TILES}, "ring's image"),
-    ({"walk_loads": "bulk", "ut_product": "state", "stages": 2}, "ring's image"),
     ({"walk_loads": "bulk", "prep_schedule": "persistent", "row_norms": "cuda_cores"}, "CUDA-core norms"),
 ])
 def test_constraints_reject(overrides, message):

@@ -135,12 +135,13 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 }
 """
 
-# CPU versions of kda_bulk.cuh. An mbarrier counts its phase's announced bytes (expect_tx)
-# and the bytes its copies deliver; a phase completes when its one arrival came and the two
-# counts agree, and a waiter for a phase not yet complete blocks. Each bulk copy lands either
-# at once (the earliest a GPU may: a slot refilled while still read is overwritten) or when
-# its phase completes (the latest: a read not covered by the wait sees stale data), at random
-# per copy. A copy of a size or to an address the engine refuses aborts.
+# CPU versions of kda_bulk.cuh. An mbarrier's phase completes when its one arrival came (the
+# producer's expect_tx, which announces the phase's bytes) and every announced byte landed;
+# a waiter for a phase not yet complete blocks (a phase short of bytes is a deadlock), and
+# a copy past the announced bytes aborts. Each bulk copy lands either at once (the earliest a
+# GPU may: a slot refilled while still read is overwritten) or when its phase completes (the
+# latest: a read not covered by the wait sees stale data), at random per copy. A copy of a
+# size or to an address the engine refuses aborts.
 BULK = r"""
 #include <map>
 struct BulkPending { unsigned char* dst; std::vector<unsigned char> data; };
@@ -160,6 +161,7 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
 __device__ __forceinline__ void mbar_fence_init() {}
 __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
     MBar& b = mbar_of(bar);
+    if (b.pending == 0) { std::fprintf(stderr, "mbarrier: an arrival more than its count\n"); std::abort(); }
     b.announced += bytes;
     b.pending--;
 }
@@ -170,18 +172,18 @@ __device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned
         std::fprintf(stderr, "bulk copy: outside shared memory\n"); std::abort();
     }
     b.delivered += bytes;
+    if (b.pending == 0 && b.delivered > b.announced) {
+        std::fprintf(stderr, "mbarrier: %ld bytes copied, %ld announced\n", b.delivered, b.announced);
+        std::abort();
+    }
     g_cp_coin = g_cp_coin * 1664525u + 1013904223u;
     if (g_cp_coin >> 31) { std::memcpy(smem, gmem, bytes); return; }
     b.copies.push_back({(unsigned char*)smem, std::vector<unsigned char>((const unsigned char*)gmem, (const unsigned char*)gmem + bytes)});
 }
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
     MBar& b = mbar_of(bar);
-    WAIT_UNTIL((b.phase & 1) != parity || b.pending == 0);
+    WAIT_UNTIL((b.phase & 1) != parity || (b.pending == 0 && b.delivered == b.announced));
     if ((b.phase & 1) != parity) return;   // that phase has completed
-    if (b.announced != b.delivered) {
-        std::fprintf(stderr, "mbarrier: %ld bytes announced, %ld copied\n", b.announced, b.delivered);
-        std::abort();
-    }
     for (BulkPending& c : b.copies) std::memcpy(c.dst, c.data.data(), c.data.size());
     b.copies.clear();
     b.phase++;
@@ -446,6 +448,11 @@ POINTS = [
     ({"walk_loads": "bulk", "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
     ({"walk_loads": "bulk", "prep_schedule": "persistent"}, [(2, 129, 2, "scored")]),
     ({"walk_loads": "bulk", "elementwise": "bf16x2"}, [(2, 129, 1, "switch"), (1, 200, 1, "saturated")]),
+    # and where the walk forms ut: T by k-step, v row by row (only the rows before the end)
+    ({"walk_loads": "bulk", "ut_product": "state", "stages": 2}, ALL_T + [(2, 200, 1, "switch"), (1, 600, 1, "scored")]),
+    ({"walk_loads": "bulk", "ut_product": "state", "stages": 2, "v_block": 64, "state_warps": 4, "out_store": "deferred"},
+     [(1, 129, 1, "scored"), (2, 65, 1, "saturated")]),
+    ({"walk_loads": "bulk", "ut_product": "state", "stages": 2, "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
@@ -454,7 +461,8 @@ IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_
        "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32",
        "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2", "elementwise_bf16x2",
        "ut_state_s2", "ut_state_deferred", "ut_state_segments_4", "ut_state_persistent",
-       "bulk", "bulk_s2_deferred", "bulk_vb64_s1", "bulk_segments_4", "bulk_persistent", "bulk_bf16x2"]
+       "bulk", "bulk_s2_deferred", "bulk_vb64_s1", "bulk_segments_4", "bulk_persistent", "bulk_bf16x2",
+       "bulk_ut_state", "bulk_ut_state_vb64_deferred", "bulk_ut_state_segments_4"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
