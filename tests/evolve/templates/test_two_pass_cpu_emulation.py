@@ -226,6 +226,7 @@ __device__ __forceinline__ float rcp_ftz(float x) { return ftz_(1.f / ftz_(x)); 
 
 HARNESS = r"""
 #include "kda_tiles.cuh"
+#include "kda_bulk.cuh"   // both kernels use it: outside their namespaces, once
 #include "iket.cuh"
 // Each kernel in its own namespace (both define C, K, NTH, ...); its dynamic shared memory
 // gets a name of its own too (an extern "C" function's block-scope extern has C linkage).

@@ -5,6 +5,7 @@
 // Protocol: mbar_init once (arrival count 1), then per fill the producer thread announces
 // the bytes (mbar_expect_tx, its one arrival) and issues the copies; every consumer waits
 // for the fill's phase with mbar_wait(bar, fill % 2).
+// Below: the by-k-step layout that makes each k-step of a block-lower-triangular tile one copy.
 #pragma once
 #include "kda_tiles.cuh"
 
@@ -32,3 +33,9 @@ __device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  :: "r"(smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
+
+// A C x C bf16 tile that is zero above its 16 x 16 block diagonal (P, T) stored by block
+// column j (one wgmma k-step of 16): the column's rows 16 j .. C - 1 only, 32 bytes a row, the
+// two 16-byte halves of row r swapped where r % 8 >= 4 (the 32-byte swizzle), so a k-step is
+// one contiguous copy. Block column j starts at element kstep_column_offset(j, nb), nb = C / 16.
+__device__ __forceinline__ int kstep_column_offset(int j, int nb) { return 256 * (j * nb - j * (j - 1) / 2); }

@@ -66,7 +66,7 @@ __device__ __forceinline__ unsigned long long sw32_desc(const void* p) {
 // The descriptor of the same operand `bytes` further on (a multiple of 16): the start
 // address is the low field, and shared memory ends below 256 KiB, so it cannot carry out.
 // Lets a loop build one descriptor per tile and step it with an add.
-__device__ __forceinline__ unsigned long long sw128_desc_at(unsigned long long desc, unsigned bytes) {
+__device__ __forceinline__ unsigned long long desc_at(unsigned long long desc, unsigned bytes) {
     return desc + (bytes >> 4);
 }
 
