@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,8 @@ class ServerProcess:
         self.instance_id = ""
         self._logdir = tempfile.mkdtemp(prefix="kcoral-srvlog-")
         self.log_path = Path(self._logdir) / "server.log"
+        # The log outlives stop() (tests read it after a crash) and goes with the object.
+        weakref.finalize(self, shutil.rmtree, self._logdir, True)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "ServerProcess":

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.kcoral.compat.cachelock import install_lock
+
 STOCK_VERSIONS = ("0.1.0", "0.1.1")
 # What the stock server needs beyond what our environment has (fastapi; uvicorn for a
 # version the released server was built against). Pinned so a run is reproducible.
@@ -34,18 +36,20 @@ def _pip_target(dest: Path, requirements: list[str], no_deps: bool) -> None:
     """Install into `dest` once (built in a scratch directory, renamed when complete)."""
     if (dest / ".complete").is_file():
         return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-           "--no-input", "--target", str(scratch), *(["--no-deps"] if no_deps else []), *requirements]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise RuntimeError(f"cannot install {' '.join(requirements)} from PyPI (is it reachable?):\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    (scratch / ".complete").write_text("\n".join(requirements) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    scratch.rename(dest)
+    with install_lock(dest):
+        if (dest / ".complete").is_file():   # another worker installed it while this one waited
+            return
+        scratch = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+               "--no-input", "--target", str(scratch), *(["--no-deps"] if no_deps else []), *requirements]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise RuntimeError(f"cannot install {' '.join(requirements)} from PyPI (is it reachable?):\n"
+                               f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        (scratch / ".complete").write_text("\n".join(requirements) + "\n")
+        shutil.rmtree(dest, ignore_errors=True)   # an incomplete leftover of a killed run
+        scratch.rename(dest)
 
 
 def install(version: str) -> list[Path]:

@@ -15,6 +15,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from tests.kcoral.compat.cachelock import install_lock
+
 SCENARIOS = Path(__file__).with_name("scenarios.py")
 
 
@@ -33,13 +35,16 @@ def install(release: Release, cache_root: Path) -> Path:
     marker = target / ".installed"
     if marker.exists():
         return target
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-           "--disable-pip-version-check", "--upgrade", "--target", str(target), f"kcoral=={release.value}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 or not (target / "kcoral" / "__init__.py").exists():
-        raise UpstreamUnavailable(f"could not install kcoral=={release.value} from the package index "
-                                  f"(exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
-    marker.write_text(release.value)
+    with install_lock(target):
+        if marker.exists():   # another worker installed it while this one waited
+            return target
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+               "--disable-pip-version-check", "--upgrade", "--target", str(target), f"kcoral=={release.value}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 or not (target / "kcoral" / "__init__.py").exists():
+            raise UpstreamUnavailable(f"could not install kcoral=={release.value} from the package index "
+                                      f"(exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+        marker.write_text(release.value)
     return target
 
 

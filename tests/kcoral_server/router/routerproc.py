@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ class RouterProcess:
         self.token = token
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = Path(tempfile.mkdtemp(prefix="kcoral-router-")) / "router.log"
+        weakref.finalize(self, shutil.rmtree, self.log_path.parent, True)   # the log goes with the object
 
     def start(self, timeout: float = 20.0) -> "RouterProcess":
         env = {k: v for k, v in os.environ.items() if not k.startswith("KCORAL")}
