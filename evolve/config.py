@@ -75,6 +75,10 @@ class StageConfig(_Strict):
     app: list[str] = Field(default_factory=list)
     ncu_args: list[str] = Field(default_factory=list)
     cases: str = "all"                         # gputest
+    # gputest: once correct, time this many calls at the scored shape (0: none). Recorded as
+    # the stage's `quick_ms`, a first reading of speed in the candidate's own process: never a
+    # result, at most a reason to skip a bench once calibrated against the bench's figures.
+    quick_calls: int = Field(0, ge=0)
 
 
 def default_stages() -> dict[str, StageConfig]:

@@ -15,7 +15,7 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     cfg = ctx.stages[Stage.GPUTEST]
     with ctx.gate.slot(ctx.cancel):
         rep = run_gputest(ctx.client, ctx.workload_dir, ctx.candidate_dir(cand), cases=cfg.cases,
-                          timeout=cfg.timeout)
+                          timeout=cfg.timeout, quick_calls=cfg.quick_calls)
     if not rep.passed and not rep.regimes and rep.message.split(":")[0] in TRANSIENT_KINDS:
         raise TransportTrouble(rep.message)
     regimes = jsonable(getattr(rep, "regimes", {}) or {})
@@ -24,8 +24,9 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     crash = last_traceback(rep.stderr or "")
     logs = StageLogs(stdout=rep.stdout or "", stderr=rep.stderr or "", traceback=crash or "")
     if rep.passed:
-        return StageResult(status=EvaluationStatus.PASSED, metrics={"regimes": regimes, **where}, logs=logs,
-                           **timing)
+        quick = {"quick_ms": rep.quick_ms} if getattr(rep, "quick_ms", None) is not None else {}
+        return StageResult(status=EvaluationStatus.PASSED, metrics={"regimes": regimes, **quick, **where},
+                           logs=logs, **timing)
     bad = {k: v for k, v in regimes.items() if v}
     if rep.timed_out or rep.message.startswith("timeout"):
         kind, message = FailureKind.TIMEOUT, rep.message or f"gputest ran past {cfg.timeout:.0f} s"

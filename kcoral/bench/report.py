@@ -132,6 +132,7 @@ class GputestReport(BaseModel):
 
     passed: bool
     regimes: dict[str, float] = Field(default_factory=dict)
+    quick_ms: float | None = None    # median of `quick_calls` calls at the scored shape (candidate-reported)
     exit_code: int | None = None
     timed_out: bool = False
     stdout: str = ""

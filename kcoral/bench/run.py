@@ -2,6 +2,7 @@
 pipeline's gputest and bench stages)."""
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import tempfile
@@ -21,6 +22,7 @@ from .staging import bench_archive, load_workload, resolve_candidate, runner_sou
 # report and log still come back.
 RUNNER_MARGIN_S = 30.0
 BAD_LINE = re.compile(r"^regime=(?P<name>[A-Za-z0-9_]+) bad=(?P<frac>\S+)\s*$", re.M)
+QUICK_LINE = re.compile(r"^quick_ms=(?P<ms>\S+) calls=\d+\s*$", re.M)
 
 
 def _candidate_label(workload_root: Path, cand: Path) -> str:
@@ -127,6 +129,16 @@ def parse_bad_lines(stdout: str) -> dict[str, float]:
     return out
 
 
+def parse_quick_ms(stdout: str) -> float | None:
+    """The last `quick_ms=MS calls=N` line's MS, if it is a positive finite number."""
+    found = QUICK_LINE.findall(stdout)
+    try:
+        ms = float(found[-1]) if found else None
+    except ValueError:
+        return None
+    return ms if ms is not None and math.isfinite(ms) and ms > 0 else None
+
+
 def stage_gputest(workload_dir: str | Path, candidate_dir: str | Path, dest: str | Path) -> Path:
     """Put the judge, workload.json, test_small.py and the candidate (as candidate/) in dest."""
     wl = load_workload(workload_dir)
@@ -135,12 +147,16 @@ def stage_gputest(workload_dir: str | Path, candidate_dir: str | Path, dest: str
 
 
 def run_gputest(client: Any, workload_dir: str | Path, candidate_dir: str | Path, cases: str = "all",
-                timeout: float = 600, env: dict[str, str] | None = None) -> GputestReport:
+                timeout: float = 600, env: dict[str, str] | None = None, quick_calls: int = 0) -> GputestReport:
     """test_small.py on the server: small shapes, one `regime=NAME bad=FRACTION` line per
-    regime; passes iff it exits 0 and every fraction is 0."""
+    regime; passes iff it exits 0 and every fraction is 0. With `quick_calls`, a passing
+    candidate is also timed at the scored shape (`quick_ms`: in the candidate's process, so
+    only ever a reason to skip its bench, never a result)."""
     from kcoral.remote import SendSpec, run_python
 
-    run_env = {"CANDIDATE": "candidate", "CASES": cases}
+    if quick_calls < 0:
+        raise ValueError(f"quick_calls must be 0 or more, not {quick_calls}")
+    run_env = {"CANDIDATE": "candidate", "CASES": cases, "QUICK_CALLS": str(quick_calls)}
     run_env.update(env or {})
     with tempfile.TemporaryDirectory(prefix="kcoral-gputest-") as tmp:
         staged = stage_gputest(workload_dir, candidate_dir, Path(tmp) / "gputest")
@@ -153,6 +169,7 @@ def run_gputest(client: Any, workload_dir: str | Path, candidate_dir: str | Path
             return GputestReport(passed=False, message=f"{exc.kind}: {exc.message}")
     regimes = parse_bad_lines(res.stdout)
     passed = res.exit_code == 0 and not res.timed_out and bool(regimes) and all(v == 0 for v in regimes.values())
-    return GputestReport(passed=passed, regimes=regimes, exit_code=res.exit_code, timed_out=res.timed_out,
+    quick = parse_quick_ms(res.stdout) if passed else None
+    return GputestReport(passed=passed, regimes=regimes, quick_ms=quick, exit_code=res.exit_code, timed_out=res.timed_out,
                          stdout=res.stdout, stderr=res.stderr,
                          message="" if passed else "test_small.py reported bad elements or failed")
