@@ -79,6 +79,10 @@ class StageConfig(_Strict):
     # the stage's `quick_ms`, a first reading of speed in the candidate's own process: never a
     # result, at most a reason to skip a bench once calibrated against the bench's figures.
     quick_calls: int = Field(0, ge=0)
+    # bench: skip it (failure kind "screened") when the candidate's gputest quick_ms is more
+    # than this many times the best's official ms (0: never). Set it from measured pairs
+    # (benchmarks/quick_vs_bench.py): above the largest quick / bench ratio seen.
+    skip_slower_than: float = Field(0.0, ge=0)
 
 
 def default_stages() -> dict[str, StageConfig]:

@@ -41,7 +41,7 @@ from evolve.run_progress import Progress
 from evolve.search_view import SearchView
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
 from evolve.strategies.base import Failed, Proposal, Strategy
-from evolve.vocabulary import INFEASIBLE_KINDS, EvaluationStatus, Origin, RunState, Stage
+from evolve.vocabulary import INFEASIBLE_KINDS, EvaluationStatus, FailureKind, Origin, RunState, Stage
 
 log = logging.getLogger(__name__)
 
@@ -537,7 +537,8 @@ class SearchLoop:
                 stats.failures[outcome.failure_kind] += 1
             if decision is not None and decision.promoted:
                 stats.promotions += 1
-        if outcome.passed:
+        if outcome.passed or outcome.failure_kind == FailureKind.SCREENED:
+            # A screened candidate went through every stage before the bench: the setup works.
             self.breaker.record_success()
         elif outcome.failure_kind and not outcome.skipped:
             self._trip(self.breaker.record_failure(outcome.failure_kind, outcome.message))

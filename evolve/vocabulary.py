@@ -71,11 +71,16 @@ class FailureKind(StrEnum):
     TRANSPORT = "transport"
     RESOURCES = "resources"
     UNAVAILABLE = "unavailable"
+    # The bench was not run: the candidate's quick time (gputest) was slower than the best's
+    # official figure by more than `[stages.bench] skip_slower_than` (evolve/pipeline/screen.py).
+    SCREENED = "screened"
 
 
 # Failure kinds that say something about the point (not about the server or the network):
 # a search model learns to avoid their neighbourhood.
+# A screened point is not broken, but it cannot win where it was tried: the same lesson.
 INFEASIBLE_KINDS: tuple[FailureKind, ...] = (
     FailureKind.CHECK, FailureKind.COMPILE, FailureKind.IMPORT, FailureKind.CORRECTNESS,
     FailureKind.HOLDOUT, FailureKind.RUNTIME, FailureKind.TIMEOUT, FailureKind.RESOURCES,
+    FailureKind.SCREENED,
 )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TransportTrouble, normalise_kind
+from evolve.pipeline.screen import screened
 from evolve.pipeline.timings import jsonable, node_metric
 from evolve.population import Candidate, StageLogs, StageResult
 from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
@@ -50,10 +51,16 @@ def bench_result(rep: BenchReport, against: Path | None = None) -> StageResult:
                        logs=logs, **fields)
 
 
-def run(ctx: StageContext, cand: Candidate, against: Path | None = None) -> StageResult:
+def run(ctx: StageContext, cand: Candidate, against: Path | None = None, screen: bool = False) -> StageResult:
+    """The official benchmark; `screen`: the pipeline's bench, which a slow enough quick time
+    skips (evolve/pipeline/screen.py). Confirmations and asked-for rebenches always run."""
     from kcoral.bench import run_bench  # the workload client; imported when a GPU stage runs
 
     cfg = ctx.stages[Stage.BENCH]
+    if screen:
+        skip = screened(ctx.pop, ctx.workload_id, cand.id, cfg.skip_slower_than)
+        if skip is not None:
+            return skip
     with ctx.gate.slot(ctx.cancel):
         rep = run_bench(ctx.client, ctx.workload_dir, ctx.candidate_dir(cand), timeout=cfg.timeout,
                         against=against)

@@ -1,5 +1,7 @@
-"""The gputest stage's quick time: with `quick_calls`, a candidate that passes is timed at
-the scored shape and the stage records `quick_ms` (a real CPU server, the CPU twin)."""
+"""The gputest stage's quick time and the bench's screen: with `quick_calls`, a candidate that
+passes gputest is timed at the scored shape (`quick_ms`); with `skip_slower_than`, a bench
+whose candidate's quick time is that much slower than the best's official figure is skipped.
+Real CPU server (the CPU twin) and real SQLite populations."""
 from __future__ import annotations
 
 import json
@@ -10,10 +12,12 @@ from kcoral import Client
 
 from evolve.config import RunConfig
 from evolve.families import load_family
+from evolve.loop import search_state
 from evolve.pipeline import GpuGate, StageContext, run_pipeline
+from evolve.pipeline.screen import screened
 from evolve.population import NewCandidate, StageResult
 from evolve.render import render_candidate
-from evolve.vocabulary import Stage
+from evolve.vocabulary import FailureKind, Stage
 from tests.evolve.search.conftest import NUMPY_FAMILY, REPO
 from tests.evolve.search.helpers import WORKLOAD
 
@@ -71,3 +75,79 @@ def test_quick_vs_bench_sets_each_quick_time_beside_its_first_bench(tmp_path, po
     table = subprocess.run([sys.executable, str(REPO / "benchmarks" / "quick_vs_bench.py"), str(pop.db.engine.url)],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert table.returncode == 0 and "2 pairs" in table.stdout, table.stdout + table.stderr
+
+
+def _candidate(pop, wid, fam, i: int, quick: float | None, bench_ms: float | None = None):
+    point = list(fam.points())[i]
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="template", family=fam.name, params=point,
+                                             digest=f"s{i}", directory=f"gen/s{i}"))
+    eid = pop.begin_stage(cand.id, Stage.GPUTEST)
+    pop.finish_stage(eid, StageResult(status="passed", metrics={"regimes": {}, **({"quick_ms": quick} if quick else {})}))
+    if bench_ms is not None:
+        eid = pop.begin_stage(cand.id, Stage.BENCH)
+        pop.finish_stage(eid, StageResult(status="passed", ms=bench_ms, speedup=1.0))
+        return cand, eid
+    return cand, None
+
+
+def test_the_screen_compares_a_quick_time_with_the_bests_official_figure(pop):
+    fam = load_family(NUMPY_FAMILY)
+    wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
+    # The best reports a quick time of 0.001 ms (faked, or just odd): it is never the measure.
+    best, bench_eid = _candidate(pop, wid, fam, 0, quick=0.001, bench_ms=1.0)
+    assert screened(pop, wid, best.id, 2.0) is None                    # no best yet: everything runs
+    pop.promote(best.id, None, [bench_eid], margin=0.02, speedup_over_best=None)
+    slow, _ = _candidate(pop, wid, fam, 1, quick=2.5)
+    close, _ = _candidate(pop, wid, fam, 2, quick=1.9)
+    untimed, _ = _candidate(pop, wid, fam, 3, quick=None)
+    skip = screened(pop, wid, slow.id, 2.0)
+    assert skip is not None and skip.failure_kind == FailureKind.SCREENED and skip.status == "failed"
+    assert "2.50x the best's official 1 ms" in skip.message and skip.metrics["best_id"] == best.id
+    assert screened(pop, wid, close.id, 2.0) is None                   # 1.9x: within the threshold
+    assert screened(pop, wid, untimed.id, 2.0) is None                 # no quick time: benched
+    assert screened(pop, wid, slow.id, 0.0) is None                    # screening off
+    assert screened(pop, wid, best.id, 2.0) is None                    # the best itself
+    # The best's confirmations count towards its official figure (median of 1.0, 3.0, 3.0).
+    for ms in (3.0, 3.0):
+        eid = pop.begin_stage(best.id, Stage.CONFIRM)
+        pop.finish_stage(eid, StageResult(status="passed", ms=ms, speedup=1.0))
+    assert screened(pop, wid, slow.id, 2.0) is None                    # 2.5 < 2 x 3.0
+
+
+def test_a_screened_point_is_a_failed_point_the_search_never_breeds_from(pop):
+    fam = load_family(NUMPY_FAMILY)
+    wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
+    best, bench_eid = _candidate(pop, wid, fam, 0, quick=1.0, bench_ms=1.0)
+    pop.promote(best.id, None, [bench_eid], margin=0.02, speedup_over_best=None)
+    slow, _ = _candidate(pop, wid, fam, 1, quick=9.0)
+    eid = pop.begin_stage(slow.id, Stage.BENCH)
+    pop.finish_stage(eid, screened(pop, wid, slow.id, 2.0))
+    state = search_state(pop, wid, set(), 0)
+    assert [p.id for p in state.correct] == [best.id]
+    assert [(f.id, f.kind) for f in state.failed] == [(slow.id, "screened")]
+
+
+def test_a_pipeline_skips_the_bench_of_a_candidate_its_quick_time_rules_out(tmp_path, pop, cpu_server):
+    """Real gputest with quick calls on the CPU server; the best's official figure is a row
+    made small on purpose (0.01 ms), so any real quick time is over twice it."""
+    fam = load_family(NUMPY_FAMILY)
+    wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
+    best, bench_eid = _candidate(pop, wid, fam, 0, quick=None, bench_ms=0.01)
+    pop.promote(best.id, None, [bench_eid], margin=0.02, speedup_over_best=None)
+    params = POINTS[3]
+    d = render_candidate(fam, params, tmp_path / "gen")
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="template", family=fam.name, params=params,
+                                             digest=d.name, directory=str(d)))
+    stages = RunConfig.model_fields["stages"].default_factory()
+    stages[Stage.GPUTEST] = stages[Stage.GPUTEST].model_copy(update={"cases": "scored", "quick_calls": 2})
+    stages[Stage.BENCH] = stages[Stage.BENCH].model_copy(update={"skip_slower_than": 2.0})
+    with Client(cpu_server.url) as client:
+        ctx = StageContext(client=client, pop=pop, workload_id=wid, workload_dir=WORKLOAD, run_id=None,
+                           stages=stages, families={fam.name: fam}, gate=GpuGate(client, 1, 4), transport_wait_s=60)
+        out = run_pipeline(ctx, cand, ["gputest", "bench"])
+    assert not out.passed and out.stage == "bench" and out.failure_kind == FailureKind.SCREENED, out
+    bench = pop.evaluations(cand.id, Stage.BENCH)[-1]
+    assert bench.status == "failed" and bench.failure_kind == "screened" and bench.ms is None
+    quick = pop.evaluations(cand.id, Stage.GPUTEST)[-1].metrics["quick_ms"]
+    assert bench.metrics["quick_ms"] == quick and bench.metrics["best_ms"] == 0.01
+    assert "bench skipped: quick time" in bench.message
