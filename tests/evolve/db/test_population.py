@@ -255,3 +255,16 @@ def test_a_dead_run_ends_at_its_last_heartbeat_and_its_interrupted_stages_do_not
     tp = pop.run_throughputs([run])[run.id]
     assert abs(tp.wall_s - 600) < 1          # not two days
     assert (tp.stages, tp.benched) == (0, 0)  # the interrupted bench is no verdict
+
+
+def test_a_screened_bench_is_a_finished_stage_but_no_candidate_benched(pop: Population, workload: int) -> None:
+    run_id = pop.start_run(workload, {}, "auto")
+    ran, skipped = (make_candidate(pop, workload, name, run_id=run_id) for name in ("ran", "skipped"))
+    for cid, result in ((ran, StageResult(status="passed", ms=1.0, speedup=1.0)),
+                        (skipped, StageResult(status="failed", failure_kind="screened", message="bench skipped"))):
+        ev = pop.begin_stage(cid, "bench", run_id=run_id)
+        assert ev is not None and pop.finish_stage(ev, result)
+    run = pop.run(run_id)
+    assert run is not None
+    tp = pop.run_throughputs([run])[run.id]
+    assert (tp.stages, tp.benched) == (2, 1)
