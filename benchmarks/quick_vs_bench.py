@@ -23,7 +23,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 
-def pairs(url: str, workload: str | None) -> list[dict]:
+def pairs(url: str, workload: str | None) -> tuple[list[dict], int]:
+    """(quick time beside first bench, per candidate), and how many benches were screened."""
     from evolve.population import Population
     if "://" not in url:
         url = f"sqlite:///{url}"
@@ -39,12 +40,14 @@ def pairs(url: str, workload: str | None) -> list[dict]:
         for ev in pop.evaluations_of(wid, stage="bench", status="passed"):
             if ev.ms and ev.candidate_id not in bench:
                 bench[ev.candidate_id] = float(ev.ms)
+        screened = len({ev.candidate_id for ev in pop.evaluations_of(wid, stage="bench", status="failed")
+                        if ev.failure_kind == "screened"})
         out = []
         for cid in sorted(quick.keys() & bench.keys()):
             cand = pop.candidate(cid)
             out.append({"candidate": cid, "family": cand.family if cand else None,
                         "quick_ms": quick[cid], "bench_ms": bench[cid], "ratio": quick[cid] / bench[cid]})
-        return out
+        return out, screened
     finally:
         pop.close()
 
@@ -68,12 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    rows = pairs(args.db, args.workload)
+    rows, screened = pairs(args.db, args.workload)
     ratios = [r["ratio"] for r in rows]
     summary = {"pairs": len(rows),
                "ratio_min": min(ratios) if ratios else None, "ratio_median": statistics.median(ratios) if ratios else None,
                "ratio_max": max(ratios) if ratios else None,
-               "spearman": spearman([r["quick_ms"] for r in rows], [r["bench_ms"] for r in rows])}
+               "spearman": spearman([r["quick_ms"] for r in rows], [r["bench_ms"] for r in rows]),
+               # Screened candidates have no bench: a run that screened says nothing of the
+               # ratios above its threshold. Calibrate on a run with skip_slower_than = 0.
+               "screened": screened}
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=2))
         return 0
@@ -93,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{len(rows)} pairs; quick / bench from {summary['ratio_min']:.3f} to {summary['ratio_max']:.3f} "
                   f"(median {summary['ratio_median']:.3f}); rank agreement "
                   + ("-" if rho is None else f"{rho:.3f}"))
+    if screened:
+        console.print(f"{screened} candidate(s) were screened and never benched: this run cannot show ratios "
+                      "above its threshold (calibrate on a run with skip_slower_than = 0)")
     return 0
 
 

@@ -147,6 +147,18 @@ class RunConfig(_Strict):
             raise ValueError("a family is listed twice")
         return self
 
+    @model_validator(mode="after")
+    def _screen_has_its_reading(self) -> RunConfig:
+        skip = self.stages[Stage.BENCH].skip_slower_than
+        if skip and skip <= 1.0:
+            raise ValueError(f"stages.bench.skip_slower_than = {skip:g} would skip candidates faster than the "
+                             "best: use 0 (never skip) or a factor above 1")
+        gputest = self.stages[Stage.GPUTEST]
+        if skip and not (gputest.enabled and gputest.quick_calls > 0):
+            raise ValueError("stages.bench.skip_slower_than needs the quick time it compares: an enabled "
+                             "[stages.gputest] with quick_calls > 0")
+        return self
+
     # ---- resolved paths ----------------------------------------------------------------
     @property
     def root_dir(self) -> Path:

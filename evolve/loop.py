@@ -338,7 +338,7 @@ class SearchLoop:
                            workload_dir=cfg.workload_dir, run_id=run_id, stages=cfg.stages, families=families,
                            gate=GpuGate(self.client, slots, cfg.remote.max_queue),
                            transport_wait_s=cfg.remote.transport_wait_s, root_dir=cfg.root_dir, stats=RunStats(),
-                           cancel=self.cancel, worker_id=worker_id)
+                           cancel=self.cancel, worker_id=worker_id, screen_benches=True)
         work = _Work(workload_id=workload_id, run_id=run_id, worker_id=worker_id, stages=stages,
                      families=families, slots=slots, ctx=ctx, promoter=Promoter(ctx, cfg.promotion),
                      strategy=make_strategy(cfg.strategy, families),
@@ -537,9 +537,10 @@ class SearchLoop:
                 stats.failures[outcome.failure_kind] += 1
             if decision is not None and decision.promoted:
                 stats.promotions += 1
-        if outcome.passed or outcome.failure_kind == FailureKind.SCREENED:
-            # A screened candidate went through every stage before the bench: the setup works.
+        if outcome.passed:
             self.breaker.record_success()
+        elif outcome.failure_kind == FailureKind.SCREENED:
+            pass   # its bench never ran: no news of the setup either way (a broken bench must still trip)
         elif outcome.failure_kind and not outcome.skipped:
             self._trip(self.breaker.record_failure(outcome.failure_kind, outcome.message))
         if decision is not None:

@@ -78,9 +78,9 @@ class FailureKind(StrEnum):
 
 # Failure kinds that say something about the point (not about the server or the network):
 # a search model learns to avoid their neighbourhood.
-# A screened point is not broken, but it cannot win where it was tried: the same lesson.
+# Not `screened`: that verdict rests on one quick reading against the best of the moment, so
+# it keeps the point from being proposed again but teaches nothing about its neighbours.
 INFEASIBLE_KINDS: tuple[FailureKind, ...] = (
     FailureKind.CHECK, FailureKind.COMPILE, FailureKind.IMPORT, FailureKind.CORRECTNESS,
     FailureKind.HOLDOUT, FailureKind.RUNTIME, FailureKind.TIMEOUT, FailureKind.RESOURCES,
-    FailureKind.SCREENED,
 )

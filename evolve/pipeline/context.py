@@ -109,6 +109,9 @@ class StageContext:
     cancel: threading.Event = field(default_factory=threading.Event)
     listener: Callable[[Any], None] | None = None   # gets a StageEvent at each stage start and end
     worker_id: int | None = None    # this process's lease in a run shared by several (Population.join_run)
+    # The search's own pipelines may skip a bench its quick time rules out ([stages.bench]
+    # skip_slower_than); a bench a person asks for (`evolve evaluate`) always runs.
+    screen_benches: bool = False
     _target: dict[str, Any] | None = None
     _instance: str | None = None
 

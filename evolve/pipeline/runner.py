@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 STAGE_FUNCTIONS: dict[Stage, Callable[[StageContext, Candidate], StageResult]] = {
     Stage.CHECK: check.run, Stage.GPUTEST: gputest.run, Stage.IKET: iket.run, Stage.NCU: ncu.run,
-    Stage.BENCH: lambda ctx, cand: bench.run(ctx, cand, screen=True),
+    Stage.BENCH: lambda ctx, cand: bench.run(ctx, cand, screen=ctx.screen_benches),
 }
 # Metrics key of a row whose outcome a router lost (the stage is retried once, see run_stage).
 OUTCOME_UNKNOWN = "outcome_unknown"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from evolve.db.records import EvaluationSummary, Promotion
 from evolve.report.plots import Point
-from evolve.vocabulary import VERDICTS, EvaluationStatus, Stage
+from evolve.vocabulary import VERDICTS, EvaluationStatus, FailureKind, Stage
 
 _STAGE_ORDER = {str(s): n for n, s in enumerate(Stage)}
 
@@ -74,7 +74,9 @@ def stage_timing(evaluations: Sequence[EvaluationSummary]) -> list[StageTiming]:
         groups[ev.stage].append(ev)
     rows = []
     for stage, evs in groups.items():
-        durations = sorted(d for d in (e.duration_s for e in evs) if d is not None)
+        # A screened bench never ran: its instant would pull the bench's times down.
+        durations = sorted(d for d in (e.duration_s for e in evs if e.failure_kind != FailureKind.SCREENED)
+                           if d is not None)
         queue = [e.queue_ms for e in evs if e.queue_ms is not None]
         lease = [e.lease_held_ms for e in evs if e.lease_held_ms is not None]
         statuses = Counter(e.status for e in evs)

@@ -8,6 +8,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+from pydantic import ValidationError
+
 from kcoral import Client
 
 from evolve.config import RunConfig
@@ -114,7 +117,7 @@ def test_the_screen_compares_a_quick_time_with_the_bests_official_figure(pop):
     assert screened(pop, wid, slow.id, 2.0) is None                    # 2.5 < 2 x 3.0
 
 
-def test_a_screened_point_is_a_failed_point_the_search_never_breeds_from(pop):
+def test_a_screened_point_is_never_a_parent_and_teaches_the_model_nothing(pop):
     fam = load_family(NUMPY_FAMILY)
     wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
     best, bench_eid = _candidate(pop, wid, fam, 0, quick=1.0, bench_ms=1.0)
@@ -124,7 +127,8 @@ def test_a_screened_point_is_a_failed_point_the_search_never_breeds_from(pop):
     pop.finish_stage(eid, screened(pop, wid, slow.id, 2.0))
     state = search_state(pop, wid, set(), 0)
     assert [p.id for p in state.correct] == [best.id]
-    assert [(f.id, f.kind) for f in state.failed] == [(slow.id, "screened")]
+    # One quick reading against the best of the moment: not evidence about its neighbours.
+    assert state.failed == []
 
 
 def test_a_pipeline_skips_the_bench_of_a_candidate_its_quick_time_rules_out(tmp_path, pop, cpu_server):
@@ -143,11 +147,34 @@ def test_a_pipeline_skips_the_bench_of_a_candidate_its_quick_time_rules_out(tmp_
     stages[Stage.BENCH] = stages[Stage.BENCH].model_copy(update={"skip_slower_than": 2.0})
     with Client(cpu_server.url) as client:
         ctx = StageContext(client=client, pop=pop, workload_id=wid, workload_dir=WORKLOAD, run_id=None,
-                           stages=stages, families={fam.name: fam}, gate=GpuGate(client, 1, 4), transport_wait_s=60)
+                           stages=stages, families={fam.name: fam}, gate=GpuGate(client, 1, 4), transport_wait_s=60,
+                           screen_benches=True)   # as the search loop's pipelines
         out = run_pipeline(ctx, cand, ["gputest", "bench"])
+        # A bench a person asks for (`evolve evaluate`: no screen_benches) runs whatever the quick time.
+        other_params = POINTS[0]
+        d2 = render_candidate(fam, other_params, tmp_path / "gen")
+        asked, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", family=fam.name,
+                                                  params=other_params, digest=d2.name, directory=str(d2)))
+        ctx.screen_benches = False
+        asked_out = run_pipeline(ctx, asked, ["gputest", "bench"])
+    assert asked_out.passed and asked_out.bench is not None and asked_out.bench.ms, asked_out
+    assert pop.evaluations(asked.id, Stage.GPUTEST)[-1].metrics["quick_ms"] > 2 * 0.01
     assert not out.passed and out.stage == "bench" and out.failure_kind == FailureKind.SCREENED, out
     bench = pop.evaluations(cand.id, Stage.BENCH)[-1]
     assert bench.status == "failed" and bench.failure_kind == "screened" and bench.ms is None
     quick = pop.evaluations(cand.id, Stage.GPUTEST)[-1].metrics["quick_ms"]
     assert bench.metrics["quick_ms"] == quick and bench.metrics["best_ms"] == 0.01
     assert "bench skipped: quick time" in bench.message
+
+
+def test_a_screen_without_its_reading_or_below_one_is_refused():
+    base = {"workload": "forward_cpu_small", "families": [{"name": "numpy_chunked"}]}
+    for stages, why in (({"bench": {"skip_slower_than": 0.8}}, "faster than the best"),
+                        ({"bench": {"skip_slower_than": 1.5}}, "quick_calls > 0"),
+                        ({"bench": {"skip_slower_than": 1.5}, "gputest": {"enabled": False, "quick_calls": 5}},
+                         "quick_calls > 0")):
+        with pytest.raises(ValidationError, match=why):
+            RunConfig.model_validate({**base, "stages": stages})
+    ok = RunConfig.model_validate({**base, "stages": {"bench": {"skip_slower_than": 1.5},
+                                                      "gputest": {"quick_calls": 5}}})
+    assert ok.stages[Stage.BENCH].skip_slower_than == 1.5

@@ -81,3 +81,19 @@ def test_parse_quick_ms():
     for text in ("", "quick_ms=nan calls=2", "quick_ms=-1 calls=2", "quick_ms=inf calls=2", "quick_ms=x calls=2",
                  "noise quick_ms=1 calls=2"):
         assert parse_quick_ms(text) is None, text
+
+
+@pytest.mark.slow
+def test_a_quick_timing_that_runs_out_of_time_costs_only_the_reading(client, tmp_path):
+    """Correct at the small shapes, it hangs at the scored one: the regimes stand, and the
+    candidate passes without a quick time (it is then never screened)."""
+    cand = tmp_path / "hangs_when_long"
+    cand.mkdir()
+    shutil.copyfile(CPU_WORKLOAD / "scratch" / "reference" / "solution.py", cand / "correct.py")
+    (cand / "solution.py").write_text(
+        "import time\nimport correct\n\n\ndef setup(data, B, T, H):\n"
+        "    if T > 256:\n        time.sleep(600)\n"
+        "    return correct.setup(data, B, T, H)\n")
+    g = run_gputest(client, CPU_WORKLOAD, cand, cases="scored", env={"T": "96"}, quick_calls=2, timeout=25)
+    assert g.timed_out and g.passed and g.quick_ms is None, g.stdout + g.stderr
+    assert g.regimes == {"scored": 0.0} and "ran past the timeout" in g.message
