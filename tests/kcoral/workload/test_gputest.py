@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,18 @@ def test_broken_candidate_shows_in_the_right_regimes(client, tmp_path):
     assert "changed its inputs: q" in g.stderr
 
 
+def reference_but_when_long(cand: Path, statement: str) -> Path:
+    """The reference as a candidate that runs `statement` in setup at lengths over 256 (the
+    small cases use 96; the CPU twin's scored length is 512)."""
+    cand.mkdir()
+    shutil.copyfile(CPU_WORKLOAD / "scratch" / "reference" / "solution.py", cand / "correct.py")
+    (cand / "solution.py").write_text(
+        "import correct\n\n\ndef setup(data, B, T, H):\n"
+        f"    if T > 256:\n        {statement}\n"
+        "    return correct.setup(data, B, T, H)\n")
+    return cand
+
+
 def test_parse_bad_lines():
     text = "# device\nregime=scored bad=0.00e+00\nnoise bad=1\nregime=probes bad=1.50e-03\n"
     assert parse_bad_lines(text) == {"scored": 0.0, "probes": 1.5e-3}
@@ -56,13 +69,7 @@ def test_a_failing_candidate_is_not_timed(client, tmp_path):
 def test_a_candidate_that_breaks_only_at_the_scored_shape_fails(client, tmp_path):
     """Correct at the small shapes, it raises at the workload's own length: the quick time
     reports it as the `scored_shape` regime instead of a time."""
-    cand = tmp_path / "short_only"
-    cand.mkdir()
-    shutil.copyfile(CPU_WORKLOAD / "scratch" / "reference" / "solution.py", cand / "correct.py")
-    (cand / "solution.py").write_text(
-        "import correct\n\n\ndef setup(data, B, T, H):\n"
-        "    if T > 256:\n        raise MemoryError('no room for T > 256')\n"
-        "    return correct.setup(data, B, T, H)\n")
+    cand = reference_but_when_long(tmp_path / "short_only", "raise MemoryError('no room for T > 256')")
     g = run_gputest(client, CPU_WORKLOAD, cand, cases="scored", env={"T": "96"}, quick_calls=2)
     assert not g.passed and g.regimes == {"scored": 0.0, "scored_shape": 1.0}, g.stdout + g.stderr
     assert g.quick_ms is None and "no room for T > 256" in g.stderr
@@ -87,13 +94,7 @@ def test_parse_quick_ms():
 def test_a_quick_timing_that_runs_out_of_time_costs_only_the_reading(client, tmp_path):
     """Correct at the small shapes, it hangs at the scored one: the regimes stand, and the
     candidate passes without a quick time (it is then never screened)."""
-    cand = tmp_path / "hangs_when_long"
-    cand.mkdir()
-    shutil.copyfile(CPU_WORKLOAD / "scratch" / "reference" / "solution.py", cand / "correct.py")
-    (cand / "solution.py").write_text(
-        "import time\nimport correct\n\n\ndef setup(data, B, T, H):\n"
-        "    if T > 256:\n        time.sleep(600)\n"
-        "    return correct.setup(data, B, T, H)\n")
+    cand = reference_but_when_long(tmp_path / "hangs_when_long", "__import__('time').sleep(600)")
     g = run_gputest(client, CPU_WORKLOAD, cand, cases="scored", env={"T": "96"}, quick_calls=2, timeout=25)
     assert g.timed_out and g.passed and g.quick_ms is None, g.stdout + g.stderr
     assert g.regimes == {"scored": 0.0} and "ran past the timeout" in g.message
