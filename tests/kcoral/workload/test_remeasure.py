@@ -25,12 +25,15 @@ def test_a_trial_refused_once_is_measured_again_and_its_honest_times_stand(clien
     rep = run_bench(client, CPU_WORKLOAD, target, timeout=240)
     assert rep.passed, rep.message
     first, *rest = rep.trials
+    # The host's own times: their median, or their mean where one call ran long (a busy
+    # machine: the tests run on two workers); the judge's clock is what it would be without.
+    host_clocks = ("host", "host_mean")
     # The trial stands on the host's own times (without a re-measure: the judge's clock) ...
-    assert first["kernel"]["clock"] == "host", first
+    assert first["kernel"]["clock"] in host_clocks, first
     # ... from the re-measure: the first timed host bent its clock, and that measure, refused,
     # is on record.
     assert first["other_measure"]["kernel"]["clock"] == "judge", first
     assert any(f.startswith("trial 1: re-measured once (kernel refused)") for f in rep.timing_flags), rep.timing_flags
     # The later trials' hosts read their clocks honestly: nothing to measure again.
     assert all("other_measure" not in t for t in rest), rest
-    assert all(t["kernel"]["clock"] == "host" for t in rest), rest
+    assert all(t["kernel"]["clock"] in host_clocks for t in rest), rest
