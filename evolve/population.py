@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import and_, exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -782,7 +782,7 @@ class Population:
                     func.count(),
                     # a screened bench never ran (evolve/pipeline/screen.py): not a candidate benched
                     func.count(func.distinct(E.candidate_id)).filter(
-                        E.stage == Stage.BENCH, or_(E.failure_kind.is_(None), E.failure_kind != FailureKind.SCREENED)),
+                        E.stage == Stage.BENCH, E.failure_kind.is_distinct_from(FailureKind.SCREENED)),
                     func.sum(E.lease_held_ms),
                 )
                 .where(E.run_id.in_(ids), E.status.in_(VERDICTS))

@@ -24,7 +24,7 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     crash = last_traceback(rep.stderr or "")
     logs = StageLogs(stdout=rep.stdout or "", stderr=rep.stderr or "", traceback=crash or "")
     if rep.passed:
-        quick = ({"quick_ms": rep.quick_ms} if getattr(rep, "quick_ms", None) is not None
+        quick = ({"quick_ms": rep.quick_ms} if rep.quick_ms is not None
                  else {"quick_note": rep.message} if rep.message else {})   # e.g. the timing ran out of time
         return StageResult(status=EvaluationStatus.PASSED, metrics={"regimes": regimes, **quick, **where},
                            logs=logs, **timing)

@@ -29,9 +29,9 @@ def quick_ms(pop: Population, candidate_id: int) -> float | None:
 
 def official_ms(pop: Population, candidate_id: int) -> float | None:
     """The median of a candidate's passed official figures (bench, confirmations, rebenches)."""
-    times = [float(ev.ms) for stage in (Stage.BENCH, Stage.CONFIRM, Stage.REBENCH)
-             for ev in pop.evaluations(candidate_id, stage)
-             if ev.status == EvaluationStatus.PASSED and ev.ms and ev.ms > 0]
+    official = (Stage.BENCH, Stage.CONFIRM, Stage.REBENCH)
+    times = [float(ev.ms) for ev in pop.evaluations(candidate_id)
+             if ev.stage in official and ev.status == EvaluationStatus.PASSED and ev.ms and ev.ms > 0]
     return statistics.median(times) if times else None
 
 

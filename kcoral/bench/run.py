@@ -171,11 +171,11 @@ def run_gputest(client: Any, workload_dir: str | Path, candidate_dir: str | Path
     regimes = parse_bad_lines(res.stdout)
     clean = bool(regimes) and all(v == 0 for v in regimes.values())
     passed = res.exit_code == 0 and not res.timed_out and clean
-    quick = parse_quick_ms(res.stdout) if passed else None
+    quick = parse_quick_ms(res.stdout)
     message = "" if passed else "test_small.py reported bad elements or failed"
-    if res.timed_out and clean and QUICK_MARK in res.stdout and parse_quick_ms(res.stdout) is None:
+    if res.timed_out and clean and QUICK_MARK in res.stdout and quick is None:
         # Every regime passed; only the quick timing at the scored shape ran out of time. The
         # candidate is correct: it passes without a quick time (and so is never screened).
         passed, message = True, "the quick timing ran past the timeout: no quick time"
-    return GputestReport(passed=passed, regimes=regimes, quick_ms=quick, exit_code=res.exit_code, timed_out=res.timed_out,
-                         stdout=res.stdout, stderr=res.stderr, message=message)
+    return GputestReport(passed=passed, regimes=regimes, quick_ms=quick if passed else None, exit_code=res.exit_code,
+                         timed_out=res.timed_out, stdout=res.stdout, stderr=res.stderr, message=message)
