@@ -49,16 +49,20 @@ def cupy_or_skip():
 # The tiles prep's inverse parameters at the values the other preps take (two_pass's last
 # constraint): the family's defaults are tiles values, so a full or lean point names these.
 NOT_GRID = {"prep_order": "by_head"}   # the grid tiles prep's own way, at its only value elsewhere
+NOT_BULK = {"walk_loads": "cp_async"}   # the wgmma walk's bulk loads from the tiles prep's ring image
 NOT_TILES = {"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "fp32",
              "row_norms": "cuda_cores",
-             **NOT_GRID}
+             **NOT_GRID, **NOT_BULK}
 
 
 def for_prep(overrides: dict) -> dict:
     """A two_pass point's overrides, with the defaults of the tiles prep's own ways reset
-    when it leaves that prep (NOT_TILES) or its grid schedule (NOT_GRID)."""
+    when it leaves that prep (NOT_TILES) or its grid schedule (NOT_GRID), and the bulk walk
+    when it leaves the wgmma step (NOT_BULK)."""
     if overrides.get("prep_smem", "tiles") != "tiles":
         return {**NOT_TILES, **overrides}
+    if overrides.get("state_step", "wgmma") != "wgmma":
+        overrides = {**NOT_BULK, **overrides}
     if overrides.get("prep_schedule", "grid") != "grid":
         return {**NOT_GRID, **overrides}
     return overrides

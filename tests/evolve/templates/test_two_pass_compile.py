@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import NOT_TILES, TEMPLATES, compile_cubin, compile_ptx, for_prep, needs_nvcc, parse_ptxas
+from .conftest import NOT_BULK, NOT_TILES, TEMPLATES, compile_cubin, compile_ptx, for_prep, needs_nvcc, parse_ptxas
 
 # (overrides, register bound for the state kernel); the prep kernel is capped at 128
 # registers by its launch bounds (two CTAs of 256 threads per SM), at 80 with
@@ -43,7 +43,7 @@ POINTS = [
     ({"prep_order": "by_head"}, 232),   # the prep's CTA orders (the defaults: by_chunk_descending)
     ({"prep_order": "by_chunk", "segments": 2}, 232),
     ({"elementwise": "bf16x2"}, 232),   # the elementwise stage on packed bf16 pairs
-    ({"elementwise": "bf16x2", "prep_schedule": "persistent", "row_norms": "cuda_cores"}, 232),
+    ({"elementwise": "bf16x2", "prep_schedule": "persistent", "row_norms": "cuda_cores", **NOT_BULK}, 232),
     ({"row_norms": "cuda_cores"}, 232),   # 1/|q| and 1/|k| summed on the CUDA cores (the defaults: tensor cores)
     # ut = T v formed by the state walk (the prep writes T and never reads v)
     ({"ut_product": "state", "stages": 2}, 232),
@@ -77,7 +77,7 @@ def test_family_loads_and_defaults_are_admitted():
 @pytest.mark.parametrize("overrides, message", [
     ({**CTA, "v_block": 128, "state_warps": 4}, "64 fp32 registers"),
     ({"chunk": 32}, "chunk"),
-    ({"state_step": "warp_local"}, "227 KiB"),   # three padded slots of the warp-local step do not fit
+    ({"state_step": "warp_local", "stages": 3}, "227 KiB"),   # three padded slots of the warp-local step do not fit
     ({"state_step": "warp_local", "v_block": 32, "state_warps": 8}, "16 value rows"),
     ({"state_step": "warp_local", "v_block": 64, "state_warps": 8}, "16 value rows"),
     ({"prep_smem": "lean", "prep_schedule": "persistent"}, "persistent schedule"),
@@ -89,7 +89,7 @@ def test_family_loads_and_defaults_are_admitted():
     ({"prep_smem": "full", "inverse_products": "fp32", "flush_denormals": 0}, "ways of the tiles prep"),
     ({"prep_smem": "lean", "diag_inverse": "after_blocks", "inverse_products": "fp32"}, "ways of the tiles prep"),
     ({"prep_smem": "full", **NOT_TILES, "elementwise": "bf16x2"}, "ways of the tiles prep"),
-    ({"ut_product": "state"}, "227 KiB"),   # T beside p: three slots no longer fit
+    ({"ut_product": "state", "stages": 3}, "227 KiB"),   # T beside p: three slots no longer fit
     ({"ut_product": "state", "stages": 2, "state_step": "warp_local"}, "forms ut"),
     ({"ut_product": "state", "stages": 1}, "two ring slots"),
     ({"ut_product": "state", "stages": 1, "prep_smem": "lean", **NOT_TILES}, "writes T"),
@@ -97,7 +97,7 @@ def test_family_loads_and_defaults_are_admitted():
     ({"elementwise": "bf16x2", "prep_schedule": "persistent"}, "norms' fragments spill"),
     # bulk copies need the scratch in the ring's layout: written by the tiles prep, read by the wgmma walk, ut included
     ({"walk_loads": "bulk", "state_step": "warp_local", "stages": 2}, "ring's image"),
-    ({"walk_loads": "bulk", "prep_smem": "lean", **NOT_TILES}, "ring's image"),
+    ({"prep_smem": "lean", **NOT_TILES, "walk_loads": "bulk"}, "ring's image"),
     ({"walk_loads": "bulk", "prep_schedule": "persistent", "row_norms": "cuda_cores"}, "CUDA-core norms"),
 ])
 def test_constraints_reject(overrides, message):

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import TEMPLATES, cupy_or_skip, for_prep, load_solution
+from .conftest import NOT_BULK, TEMPLATES, cupy_or_skip, for_prep, load_solution
 from .test_chunked_math import recurrence
 
 pytestmark = pytest.mark.gpu
@@ -55,7 +55,7 @@ def _host(data, name):
     {"prep_order": "by_head", "segments": 4},
     {"elementwise": "bf16x2"},   # the elementwise stage on packed bf16 pairs
     {"row_norms": "cuda_cores"},   # 1/|q| and 1/|k| summed on the CUDA cores (the defaults before row_norms)
-    {"prep_schedule": "persistent", "elementwise": "bf16x2", "row_norms": "cuda_cores"},
+    {"prep_schedule": "persistent", "elementwise": "bf16x2", "row_norms": "cuda_cores", **NOT_BULK},
     {"ut_product": "state", "stages": 2},   # ut = T v formed by the state walk from the inputs' v
     {"ut_product": "state", "stages": 2, "out_store": "deferred"},
     {"ut_product": "state", "stages": 2, "segments": 4},

@@ -105,6 +105,13 @@ class Host:
                 reply = {"ok": False, "kind": exc.kind, "message": exc.message}
             except Exception as exc:  # noqa: BLE001 - a broken request or a host fault
                 reply = {"ok": False, "kind": "runtime", "message": f"host error: {type(exc).__name__}: {exc}\n{tail()}"}
+            if not reply["ok"] and self.role != "candidate" and reply["kind"] != "unavailable":
+                # The trusted host runs the baseline and the no-op: what fails there is this
+                # server's setup (a compiler the baseline's JIT cannot run, a broken package),
+                # never the candidate's doing; as "runtime" it would teach a search that a good
+                # point is infeasible.
+                reply = {"ok": False, "kind": "unavailable",
+                         "message": f"the baseline failed on this server, not the candidate: {reply['message']}"}
             self.chan.send(reply, out_fds)
 
     def op_load(self, msg: dict, fds: list) -> dict:
