@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "status": "status",
     "report": "report",
     "db": "db",
+    "render": "render",
 }
 
 

@@ -1,0 +1,78 @@
+"""scripts/gpu-host.sh, run for real on a CPU server (GPUS empty, the CPU twin of the KDA
+workload, the NumPy family): it renders the points, starts its own server, benches each
+point officially and stops the server when it ends; it refuses a taken port and a point the
+family does not admit before it starts anything."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu-host.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the server's sandbox needs bubblewrap")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _run(tmp_path: Path, port: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, GPUS="", WORKLOAD="forward_cpu_small", FAMILY="numpy_chunked", OUT=str(tmp_path / "out"),
+               PORT=str(port), CPU_WORKERS="1", BENCH_TIMEOUT="300",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")   # this interpreter as python3
+    env.pop("KCORAL_REMOTE", None)
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_benches_each_point_on_its_own_server_and_stops_it(tmp_path):
+    port = _free_port()
+    res = _run(tmp_path, port, "bench", "seed", "f32:dtype=float32,chunk=32")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = tmp_path / "out"
+    reports = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("bench-*.json"))}
+    assert sorted(reports) == ["bench-1-seed.json", "bench-2-f32.json"]
+    for name, rep in reports.items():
+        assert rep["passed"] is True, (name, rep["failure_kind"], rep["message"][:500])
+        assert rep["kernel_ms"] > 0 and rep["baseline_ms"] > 0
+        assert name.split("-")[2].removesuffix(".json") in res.stdout   # a line each
+    rendered = {json.loads((p / "params.json").read_text())["params"]["dtype"]
+                for p in (out / "points").iterdir() if p.is_dir() and not p.name.startswith(".")}
+    assert rendered == {"float64", "float32"}
+    assert not _listening(port)   # its server went with it
+
+
+def test_refuses_a_taken_port_before_starting_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        res = _run(tmp_path, taken.getsockname()[1], "bench", "seed", timeout=120)
+    assert res.returncode == 1
+    assert "is taken" in res.stderr
+    assert not (tmp_path / "out" / "server.log").exists()
+
+
+def test_refuses_a_point_the_family_does_not_admit(tmp_path):
+    port = _free_port()
+    res = _run(tmp_path, port, "bench", "seed", "bad:chunk=7", timeout=120)
+    assert res.returncode == 1
+    assert "chunk=7 is not one of" in res.stderr and "point bad:chunk=7: not rendered" in res.stderr
+    assert not (tmp_path / "out" / "server.log").exists()
+    assert not _listening(port)
