@@ -33,7 +33,7 @@ from evolve.families import Family
 from evolve.leaseclock import LeaseClock
 from evolve.paths import display_path
 from evolve.pipeline import GpuGate, PipelineOutcome, RunStats, StageContext, run_pipeline
-from evolve.population import Candidate, NewCandidate, Population, Run
+from evolve.population import Candidate, Evaluation, NewCandidate, Population, Run
 from evolve.preflight import PreflightError, health_gpus, probe_ncu, problems, tool_problems
 from evolve.promotion import Decision, Promoter
 from evolve.render import RenderError, render_candidate
@@ -41,7 +41,7 @@ from evolve.run_progress import Progress
 from evolve.search_view import SearchView
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
 from evolve.strategies.base import Failed, Proposal, Strategy
-from evolve.vocabulary import INFEASIBLE_KINDS, EvaluationStatus, FailureKind, Origin, RunState, Stage
+from evolve.vocabulary import INFEASIBLE_KINDS, SERVER_KINDS, EvaluationStatus, FailureKind, Origin, RunState, Stage
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,17 @@ class Job(BaseModel):
     candidate_id: int
     retry_of: dict[Stage, int] = Field(default_factory=dict)
     claimed: dict[Stage, int] = Field(default_factory=dict)   # stage -> evaluation this process claimed
+
+
+def _lost_to_the_server(evs: list[Evaluation], run_id: int, stages: list[Stage]) -> Evaluation | None:
+    """The candidate's last evaluation if run `run_id` lost it to the server rather than
+    judged it: a pipeline stage failed with a server kind (`SERVER_KINDS`). A run whose
+    breaker tripped on a broken server ends with such candidates, its seed among them."""
+    last = evs[-1] if evs else None
+    if (last is None or last.run_id != run_id or last.stage not in stages
+            or last.status != EvaluationStatus.FAILED or last.failure_kind not in SERVER_KINDS):
+        return None
+    return last
 
 
 class JoinError(ValueError):
@@ -191,6 +202,11 @@ class SearchLoop:
             if cand.id in jobs:
                 continue
             evs = self.pop.evaluations(cand.id)
+            lost = _lost_to_the_server(evs, prev.id, stages)
+            if lost is not None:   # never judged: the server failed it (fixed since, one hopes)
+                jobs[cand.id] = Job(candidate_id=cand.id, retry_of={lost.stage: lost.id})
+                retried.append(lost.id)
+                continue
             unfinished = any(e.status in (EvaluationStatus.FAILED, EvaluationStatus.RUNNING) for e in evs)
             if not any(e.run_id == prev.id for e in evs) or unfinished:
                 continue

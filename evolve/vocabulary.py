@@ -84,3 +84,8 @@ INFEASIBLE_KINDS: tuple[FailureKind, ...] = (
     FailureKind.CHECK, FailureKind.COMPILE, FailureKind.IMPORT, FailureKind.CORRECTNESS,
     FailureKind.HOLDOUT, FailureKind.RUNTIME, FailureKind.TIMEOUT, FailureKind.RESOURCES,
 )
+
+# Failure kinds that say the server or the network failed, not the candidate (its baseline
+# broken, a tool missing, the server gone past the transport wait): the stage was never judged,
+# so a resumed run runs it again.
+SERVER_KINDS: tuple[FailureKind, ...] = (FailureKind.UNAVAILABLE, FailureKind.TRANSPORT)
