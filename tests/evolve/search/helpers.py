@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -90,11 +91,15 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "cond
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def run_until_a_bench(tmp: Path, server, stderr=subprocess.PIPE):
+def run_until_a_bench(tmp: Path, server, stderr=subprocess.PIPE, max_evals: int = 3,
+                      transport_wait_s: float | None = None):
     """(process, population, the bench evaluation in flight): an `evolve run` of a small
-    chunked space started against `server`, waited on until one of its benches runs."""
-    cfg = write_config(tmp, max_evals=3, confirm_runs=1, gputest=False,
+    chunked space (config tmp/run.toml, database tmp/evolve.db) started against `server`,
+    waited on until one of its benches runs."""
+    cfg = write_config(tmp, max_evals=max_evals, confirm_runs=1, gputest=False,
                        fixed='{ algorithm = "chunked", dtype = "float32" }', subspace='{ chunk = [16, 32] }')
+    if transport_wait_s is not None:
+        cfg.write_text(cfg.read_text().replace("transport_wait_s = 90", f"transport_wait_s = {transport_wait_s}"))
     db_url = f"sqlite:///{tmp / 'evolve.db'}"
     proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", server.url, "--db", db_url),
                             cwd=tmp, env=cli_env(), stdout=subprocess.PIPE if stderr is subprocess.PIPE else subprocess.DEVNULL,
@@ -115,3 +120,9 @@ def run_until_a_bench(tmp: Path, server, stderr=subprocess.PIPE):
         proc.communicate()
         raise
     return proc, pop, victim
+
+
+def crash(server) -> None:
+    """Kill a ServerProcess and its workers at once: a crash, not a graceful drain."""
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(timeout=10)

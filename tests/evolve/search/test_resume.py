@@ -1,14 +1,14 @@
-"""SIGKILL of `evolve run` in the middle of a stage, then `evolve run --resume`."""
+"""`evolve run --resume` after a SIGKILL of `evolve run` in the middle of a stage, after a
+SIGTERM, and after a run whose server went away for good in the middle of a bench."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 
 from evolve.embedded import free_port
-from tests.evolve.search.helpers import cli_env, evolve_cmd, population, run_cli, run_until_a_bench, wait_for, write_config
-
+from tests.evolve.search.helpers import (cli_env, crash, evolve_cmd, population, run_cli, run_until_a_bench, wait_for,
+                                        write_config)
 from tests.serverproc import ServerProcess
 
 REMOTE_STAGES = ("gputest", "bench", "confirm")
@@ -106,29 +106,12 @@ def test_resume_benches_again_what_the_server_failed(tmp_path):
     kind `transport`, one of the server's kinds) is owed, not a verdict: the candidate, the
     run's seed, would otherwise be lost to the search. Once a server is back, `--resume`
     benches it again as a new attempt with its lineage; the stages it passed are not rerun."""
-    port = free_port()
-    args = ["--cpu-workers", "2", "--port", str(port)]
+    args = ["--cpu-workers", "2", "--port", str(free_port())]
     first = ServerProcess(args).start()
-    cfg = write_config(tmp_path, max_evals=1, confirm_runs=1, gputest=False,
-                       fixed='{ algorithm = "chunked" }', subspace='{ chunk = [16, 32] }')
-    cfg.write_text(cfg.read_text().replace("transport_wait_s = 90", "transport_wait_s = 3"))
-    db_url = f"sqlite:///{tmp_path / 'evolve.db'}"
-    pop = population(db_url)
-    proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", first.url, "--db", db_url),
-                            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    second = None
+    second = proc = None
     try:
-        def in_bench():
-            try:
-                wid = pop.workload_id("forward_cpu_small")
-            except KeyError:
-                return None
-            return [e for e in pop.evaluations_of(wid, status="running") if e.stage == "bench"]
-
-        wait_for(lambda: in_bench() or proc.poll() is not None, timeout=60, interval=0.05, what="a bench in flight")
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        os.killpg(first.proc.pid, signal.SIGKILL)      # and no server comes back within the wait
-        first.proc.wait(timeout=10)
+        proc, pop, _ = run_until_a_bench(tmp_path, first, max_evals=1, transport_wait_s=3)
+        crash(first)   # and no server comes back within the wait
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-3000:]
         wid = pop.workload_id("forward_cpu_small")
@@ -137,10 +120,11 @@ def test_resume_benches_again_what_the_server_failed(tmp_path):
         check_before = [(e.id, e.status) for e in pop.evaluations(lost.candidate_id, "check")]
 
         second = ServerProcess(args).start()
-        resumed = run_cli("run", str(cfg), "--remote", second.url, "--db", db_url, "--resume", "--max-evals", "1",
+        resumed = run_cli("run", str(tmp_path / "run.toml"), "--remote", second.url, "--db",
+                          f"sqlite:///{tmp_path / 'evolve.db'}", "--resume", "--max-evals", "1",
                           "--json", cwd=tmp_path)
     finally:
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.kill()
             proc.communicate()
         first.stop()

@@ -1,8 +1,6 @@
 """A server that dies and comes back on the same port mid-run: the run waits and goes on."""
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 
@@ -11,7 +9,7 @@ from evolve.families import load_family
 from evolve.population import NewCandidate
 from evolve.render import render_candidate
 from tests.evolve.search.conftest import NUMPY_FAMILY
-from tests.evolve.search.helpers import WORKLOAD, cli_env, evolve_cmd, population, wait_for, write_config
+from tests.evolve.search.helpers import WORKLOAD, cli_env, crash, evolve_cmd, population, wait_for, write_config
 from tests.serverproc import ServerProcess
 
 
@@ -45,8 +43,7 @@ def test_run_survives_a_server_restart(tmp_path):
         victim = wait_for(lambda: in_bench() or proc.poll() is not None, timeout=60, interval=0.05,
                           what="a bench in flight")
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        os.killpg(first.proc.pid, signal.SIGKILL)      # a crash, not a graceful drain
-        first.proc.wait(timeout=10)
+        crash(first)
         time.sleep(1.5)                                 # the run sees connection refused meanwhile
         second = ServerProcess(args).start()
         out, err = proc.communicate(timeout=180)
