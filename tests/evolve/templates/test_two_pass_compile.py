@@ -12,7 +12,7 @@ from .conftest import NOT_BULK, NOT_TILES, TEMPLATES, compile_cubin, compile_ptx
 CTA = {"state_step": "cta", "prep_smem": "full", "stages": 1}   # the first measured design
 WL = {"state_step": "warp_local", "stages": 2, "out_store": "inline"}   # the defaults before the wgmma step
 POINTS = [
-    ({}, 232),   # the defaults: wgmma state step, tiles prep, three ring slots, inline stores
+    ({}, 232),   # the defaults: wgmma state step fed by bulk copies on two ring slots, tiles prep, inline stores
     (WL, 255),
     (CTA, 255),
     ({**CTA, "v_block": 64, "state_warps": 4}, 255),

@@ -33,7 +33,7 @@ def _host(data, name):
 
 
 @pytest.mark.parametrize("overrides", [
-    {},   # the defaults: wgmma state step, tiles prep, three ring slots, inline stores
+    {},   # the defaults: wgmma state step fed by bulk copies on two ring slots, tiles prep, inline stores
     {"state_step": "cta", "prep_smem": "full", "stages": 1},
     {"state_step": "cta", "prep_smem": "full", "stages": 1, "v_block": 64, "state_warps": 4},
     {**WL, "prep_smem": "full"},
