@@ -31,3 +31,11 @@ def config_path(name_or_path: str | Path) -> Path | None:
 
 def family_dir(name: str) -> Path | None:
     return families().get(name)
+
+
+def family_path(name_or_path: str | Path) -> Path | None:
+    """The family meant: a folder holding a family.toml, else a built-in family's name (None: neither)."""
+    path = Path(name_or_path)
+    if (path / "family.toml").is_file():
+        return path
+    return family_dir(str(name_or_path)) if len(path.parts) == 1 else None

@@ -32,16 +32,14 @@ usage() { sed -n '2,8p' "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 command=$1; shift
 case $command in
-    bench) [ $# -ge 1 ] || usage ;;
-    evolve) [ $# -ge 1 ] || usage ;;
+    bench|evolve) [ $# -ge 1 ] || usage ;;
     *) usage ;;
 esac
 
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${WHEELS:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$REPO/.site" "$WHEELS"/*.whl
-    export PYTHONPATH=$REPO/.site:$REPO${PYTHONPATH:+:$PYTHONPATH}
-else
-    export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONPATH=$REPO/.site:$PYTHONPATH
 fi
 if ! command -v bwrap >/dev/null; then
     [ -n "${DEBS:-}" ] || die "bwrap is not installed: install bubblewrap, or give DEBS=FOLDER holding its .deb"

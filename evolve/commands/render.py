@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from evolve import builtin
 from evolve.commands.jsonout import add_json_flag, emit
@@ -19,8 +18,7 @@ class _Refused(ValueError):
 
 
 def _family(name_or_path: str) -> Family:
-    path = Path(name_or_path)
-    directory = path if (path / "family.toml").is_file() else builtin.family_dir(name_or_path)
+    directory = builtin.family_path(name_or_path)
     if directory is None:
         raise _Refused(f"no family {name_or_path!r}: neither a folder with a family.toml nor a built-in "
                        f"family ({', '.join(builtin.families())})")

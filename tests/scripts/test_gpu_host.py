@@ -14,16 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from evolve.embedded import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-host.sh"
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the server's sandbox needs bubblewrap")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -43,7 +39,7 @@ def _run(tmp_path: Path, port: int, *args: str, timeout: float = 600) -> subproc
 
 
 def test_benches_each_point_on_its_own_server_and_stops_it(tmp_path):
-    port = _free_port()
+    port = free_port()
     res = _run(tmp_path, port, "bench", "seed", "f32:dtype=float32,chunk=32")
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path / "out"
@@ -70,7 +66,7 @@ def test_refuses_a_taken_port_before_starting_anything(tmp_path):
 
 
 def test_refuses_a_point_the_family_does_not_admit(tmp_path):
-    port = _free_port()
+    port = free_port()
     res = _run(tmp_path, port, "bench", "seed", "bad:chunk=7", timeout=120)
     assert res.returncode == 1
     assert "chunk=7 is not one of" in res.stderr and "point bad:chunk=7: not rendered" in res.stderr
