@@ -8,6 +8,7 @@ directory, beside the database, unless `output_dir` says otherwise.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -20,6 +21,10 @@ from evolve import builtin
 from evolve.families import Family, Value, load_family
 from evolve.tomlfile import load_toml_model
 from evolve.vocabulary import PIPELINE_STAGES, Stage
+
+
+SET_HELP = ("override one setting of the config, KEY a dotted path and VALUE TOML or a bare word "
+            "(repeatable): --set stages.ncu.enabled=false --set 'families=[{name = \"two_pass\"}]'")
 
 
 class ConfigError(ValueError):
@@ -215,13 +220,14 @@ class RunConfig(_Strict):
         return self.model_dump(mode="json")
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """A config file, or a built-in config's name (evolve.builtin: kda-cpu-small, kda-h200)."""
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """A config file, or a built-in config's name (evolve.builtin: kda-cpu-small, kda-h200),
+    with `overrides` (`KEY=VALUE`, the command line's `--set`) applied before validation."""
     found = builtin.config_path(path)
     if found is None:
         raise ConfigError(f"config {path} not found (no such file, and the built-in configs are "
                           f"{', '.join(builtin.configs())})")
-    cfg = load_toml_model(found, RunConfig, ConfigError, root="config")
+    cfg = load_toml_model(found, RunConfig, ConfigError, root="config", overrides=overrides)
     cfg.base_dir = found.resolve().parent
     cfg.workload_dir  # noqa: B018 - raises ConfigError for a workload that is neither a folder nor built in
     return cfg

@@ -55,15 +55,24 @@ class Job(BaseModel):
     claimed: dict[Stage, int] = Field(default_factory=dict)   # stage -> evaluation this process claimed
 
 
-def _lost_to_the_server(evs: list[Evaluation], run_id: int, stages: list[Stage]) -> Evaluation | None:
-    """The candidate's last evaluation if run `run_id` lost it to the server rather than
-    judged it: a pipeline stage failed with a server kind (`SERVER_KINDS`). A run whose
-    breaker tripped on a broken server ends with such candidates, its seed among them."""
+def _lost_to_the_server(evs: list[Evaluation], stages: list[Stage]) -> Evaluation | None:
+    """The candidate's last evaluation if the server lost it rather than judged it: a
+    pipeline stage, or a confirmation, failed with a server kind (`SERVER_KINDS`). A run
+    whose breaker tripped on a broken server ends with such candidates, its seed among
+    them. Whichever run wrote it: a resumed run that stopped before it got to what it owed
+    leaves it to the next resume."""
     last = evs[-1] if evs else None
-    if (last is None or last.run_id != run_id or last.stage not in stages
+    owed = set(stages) | ({Stage.CONFIRM} if Stage.BENCH in stages else set())
+    if (last is None or last.stage not in owed
             or last.status != EvaluationStatus.FAILED or last.failure_kind not in SERVER_KINDS):
         return None
     return last
+
+
+def _bench_beats(evs: list[Evaluation], best_speedup: float | None) -> bool:
+    """Whether the candidate's last passed bench beats the best's figure."""
+    bench = [e.speedup for e in evs if e.stage == Stage.BENCH and e.status == EvaluationStatus.PASSED]
+    return bool(bench) and bench[-1] is not None and (best_speedup is None or bench[-1] > best_speedup)
 
 
 class JoinError(ValueError):
@@ -187,7 +196,8 @@ class SearchLoop:
         return None
 
     def _resume_jobs(self, prev: Run, stages: list[Stage]) -> tuple[list[Job], list[int]]:
-        """Jobs that finish what `prev` left: interrupted stages, and pipelines cut between stages."""
+        """Jobs that finish what `prev` left (interrupted stages, pipelines cut between stages,
+        a bench not yet weighed for promotion), and what the server failed in any run."""
         jobs: dict[int, Job] = {}
         retried: list[int] = []
         for ev in self.pop.interrupted(prev.id, heartbeat_timeout_s=0):
@@ -202,23 +212,27 @@ class SearchLoop:
             if cand.id in jobs:
                 continue
             evs = self.pop.evaluations(cand.id)
-            lost = _lost_to_the_server(evs, prev.id, stages)
-            if lost is not None:   # never judged: the server failed it (fixed since, one hopes)
+            lost = _lost_to_the_server(evs, stages)
+            # Never judged: the server failed it (fixed since, one hopes). A confirmation is
+            # owed only while the bench still beats the best (else promotion would not try).
+            if lost is not None and (lost.stage != Stage.CONFIRM or _bench_beats(evs, best_speedup)):
                 jobs[cand.id] = Job(candidate_id=cand.id, retry_of={lost.stage: lost.id})
                 retried.append(lost.id)
                 continue
-            unfinished = any(e.status in (EvaluationStatus.FAILED, EvaluationStatus.RUNNING) for e in evs)
+            # A failure a later attempt retried is history, not the candidate's standing.
+            replaced = {e.retry_of for e in evs if e.retry_of is not None}
+            unfinished = any(e.status in (EvaluationStatus.FAILED, EvaluationStatus.RUNNING)
+                             for e in evs if e.id not in replaced)
             if not any(e.run_id == prev.id for e in evs) or unfinished:
                 continue
             passed = {e.stage for e in evs if e.status == EvaluationStatus.PASSED}
             if not set(stages) <= passed:
                 jobs[cand.id] = Job(candidate_id=cand.id)        # cut between stages
-            elif Stage.BENCH in stages and not any(e.stage == Stage.CONFIRM for e in evs):
+            elif (Stage.BENCH in stages and not any(e.stage == Stage.CONFIRM for e in evs)
+                  and _bench_beats(evs, best_speedup)):
                 # Benched, then died before promotion was considered: only worth a job if it
                 # beats the best (the pipeline itself is all skips).
-                bench = [e.speedup for e in evs if e.stage == Stage.BENCH and e.status == EvaluationStatus.PASSED]
-                if bench and bench[-1] is not None and (best_speedup is None or bench[-1] > best_speedup):
-                    jobs[cand.id] = Job(candidate_id=cand.id)
+                jobs[cand.id] = Job(candidate_id=cand.id)
         return list(jobs.values()), retried
 
     def _run_to_join(self, workload_id: int, join: int | str) -> int:

@@ -16,13 +16,17 @@
 # DEBS: a folder holding bubblewrap's .deb, where bwrap is not installed. It is unpacked into
 #   OUT, never over /: a package's /lib can replace the system's link, and the C compiler
 #   that Triton's launcher needs stops working.
+# Relative paths (OUT, WHEELS, DEBS, and an evolve run's CONFIG and --db) are the caller's.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
-REPO=$PWD
+CALLER=$PWD
+REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORKLOAD=${WORKLOAD:-forward_b1_t8192_h96}
 FAMILY=${FAMILY:-two_pass}
 OUT=$(mkdir -p "${OUT:-gpu-host-out}" && cd "${OUT:-gpu-host-out}" && pwd)
+[ -z "${WHEELS:-}" ] || WHEELS=$(cd "$WHEELS" && pwd)
+[ -z "${DEBS:-}" ] || DEBS=$(cd "$DEBS" && pwd)
+cd "$REPO"
 PORT=${PORT:-8901}
 GPUS=${GPUS-0}
 URL=http://127.0.0.1:$PORT
@@ -35,6 +39,12 @@ case $command in
     bench|evolve) [ $# -ge 1 ] || usage ;;
     *) usage ;;
 esac
+
+# One script per OUT at a time: two would share its salt, baseline cache and reports.
+if command -v flock >/dev/null; then
+    exec 9> "$OUT/.lock"
+    flock -n 9 || die "another gpu-host.sh is using $OUT: wait for it or set OUT"
+fi
 
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${WHEELS:-}" ]; then
@@ -52,6 +62,7 @@ folders=()
 if [ "$command" = bench ]; then
     for point in "$@"; do
         name=${point%%:*}
+        [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || die "point $point: name it with letters, digits, '_', '.' or '-' (it names its report)"
         values=()
         [ "$point" = "$name" ] || IFS=, read -ra values <<< "${point#*:}"
         folder=$(python3 -m evolve render "$FAMILY" "${values[@]}" --out "$OUT/points") || die "point $point: not rendered"
@@ -65,7 +76,7 @@ if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $PORT),
     die "port $PORT is taken (a server of an earlier run?): stop it or set PORT"
 fi
 
-[ -s "$OUT/salt" ] || python3 -c "import secrets; print(secrets.token_hex(32))" > "$OUT/salt"
+[ -s "$OUT/salt" ] || (umask 077 && python3 -c "import secrets; print(secrets.token_hex(32))" > "$OUT/salt")
 server=(python3 -m kcoral_server --port "$PORT" --holdout-salt-file "$OUT/salt")
 if [ -n "$GPUS" ]; then
     echo "gpu-host: compiling the baseline into $OUT/baseline-cache"
@@ -78,25 +89,36 @@ fi
 "${server[@]}" > "$OUT/server.log" 2>&1 &
 server_pid=$!
 trap 'kill $server_pid 2>/dev/null; wait $server_pid 2>/dev/null || true' EXIT
-python3 - "$PORT" "$server_pid" <<'EOF' || { tail -20 "$OUT/server.log" >&2; die "the server did not start (log: $OUT/server.log)"; }
-import os, socket, sys, time
-port, pid = int(sys.argv[1]), int(sys.argv[2])
-for _ in range(120):
+# Ready when this server says it listens on PORT and /health answers with its instance id:
+# a server that took the port since the check above would answer for us otherwise.
+python3 - "$PORT" "$server_pid" "$OUT/server.log" <<'EOF' || { tail -20 "$OUT/server.log" >&2; die "the server did not start (log: $OUT/server.log)"; }
+import json, os, sys, time, urllib.request
+port, pid, log = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+for _ in range(240):
     try:
-        socket.create_connection(("127.0.0.1", port), 1).close()
-        sys.exit(0)
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            sys.exit(1)
-        time.sleep(0.5)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        sys.exit(1)
+    ours = []
+    with open(log, errors="replace") as fh:
+        for line in fh:
+            try:
+                e = json.loads(line)
+            except ValueError:   # not an event, or one still being written
+                continue
+            if isinstance(e, dict) and e.get("event") == "listening" and e.get("port") == port:
+                ours.append(e.get("instance_id"))
+    if ours:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            sys.exit(0 if json.load(r).get("instance_id") == ours[0] else 1)
+    time.sleep(0.5)
 sys.exit(1)
 EOF
 echo "gpu-host: server at $URL (log: $OUT/server.log)"
 
 if [ "$command" = evolve ]; then
     config=$1; shift
+    cd "$CALLER"   # its config, --db and gen/ as the caller named them
     python3 -m evolve run "$config" --remote "$URL" "$@"
     exit
 fi
@@ -114,12 +136,12 @@ import json, sys
 name, path = sys.argv[1], sys.argv[2]
 try:
     r = json.load(open(path))
-except ValueError:
-    print(f"{name:12s} no report (stderr beside it)")
-    sys.exit()
-if r["passed"]:
-    print(f"{name:12s} {r['kernel_ms']:.4f} ms  baseline {r['baseline_ms']:.4f} ms  {r['speedup']:.3f}x  spread {100 * r['spread']:.2f} %")
-else:
-    print(f"{name:12s} failed: {r['failure_kind']}: {r['message'].splitlines()[0] if r['message'] else ''}")
+    if r["passed"]:
+        print(f"{name:12s} {r['kernel_ms']:.4f} ms  baseline {r['baseline_ms']:.4f} ms  {r['speedup']:.3f}x  "
+              f"spread {100 * (r.get('spread') or 0):.2f} %")
+    else:
+        print(f"{name:12s} failed: {r['failure_kind']}: {r['message'].splitlines()[0] if r['message'] else ''}")
+except Exception as exc:  # one unreadable report must not stop the benches after it
+    print(f"{name:12s} no readable report ({type(exc).__name__}; stderr beside it)")
 EOF
 done

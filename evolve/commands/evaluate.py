@@ -13,7 +13,7 @@ from rich.console import Console
 
 from evolve.commands.jsonout import add_json_flag, emit
 from evolve.commands.register import RegisterError, register_candidate
-from evolve.config import ConfigError, PromotionConfig, RemoteConfig, default_stages, load_config
+from evolve.config import SET_HELP, ConfigError, PromotionConfig, RemoteConfig, default_stages, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.digest import DigestError, source_digest
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
@@ -38,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", default=None, help=DB_HELP)
     p.add_argument("--config", default=None,
                    help="run config whose stages and promotion policy to use (default: check, gputest, bench)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=SET_HELP + "; needs --config")
     p.add_argument("--rebench", type=int, default=None, metavar="N",
                    help="then run the official benchmark N more times (stage 'rebench'; needs a passed bench)")
     add_json_flag(p)
@@ -104,6 +106,10 @@ def main(args: argparse.Namespace) -> int:
     if args.rebench is not None and args.rebench < 1:
         print("evolve evaluate: error: --rebench needs a number of runs of at least 1", file=sys.stderr)
         return 2
+    if args.overrides and not args.config:
+        print("evolve evaluate: error: --set overrides a config's settings: give the config with --config",
+              file=sys.stderr)
+        return 2
     try:
         db = open_database(args.db)
     except SchemaVersionError as exc:
@@ -123,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
     workload = pop.workload(cand.workload_id)
     assert workload is not None
     try:
-        config = load_config(args.config) if args.config else None
+        config = load_config(args.config, args.overrides) if args.config else None
         families = config.load_families() if config else {}
     except (ConfigError, FamilyError) as exc:
         print(f"evolve evaluate: error: {exc}", file=sys.stderr)

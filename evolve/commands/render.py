@@ -43,7 +43,11 @@ def _value(family: Family, item: str) -> tuple[str, Value]:
 def _run(args: argparse.Namespace) -> int:
     try:
         family = _family(args.family)
-        given = dict(_value(family, item) for item in args.values)
+        pairs = [_value(family, item) for item in args.values]
+        twice = sorted({n for n, _ in pairs if sum(m == n for m, _ in pairs) > 1})
+        if twice:
+            raise _Refused(f"{', '.join(twice)} given more than once: give each parameter one value")
+        given = dict(pairs)
         params = {**family.defaults, **given}
         problems = family.check(params)
         if problems:

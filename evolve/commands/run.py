@@ -12,7 +12,7 @@ from types import FrameType
 from kcoral import Client, RemoteError
 
 from evolve.commands.jsonout import add_json_flag, emit
-from evolve.config import ConfigError, load_config
+from evolve.config import SET_HELP, ConfigError, load_config
 from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.embedded import EmbeddedServer, EmbeddedServerError
 from evolve.events import EventHook
@@ -37,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="work on a live run (id RUN, default: the workload's newest live run) with the processes "
                         "already on it, on this or other hosts sharing the database: each claims its own "
                         "candidates; the run ends when the last one leaves")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--max-evals", type=int, default=None, help="override budget.max_evals")
     p.add_argument("--hours", type=float, default=None, help="override budget.hours")
     p.add_argument("--on-event", metavar="CMD", default=None,
@@ -69,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"evolve run: error: --join takes a run id, not {args.join!r}", file=sys.stderr)
         return 2
     try:
-        config = load_config(args.config).with_budget(args.max_evals, args.hours)
+        config = load_config(args.config, args.overrides).with_budget(args.max_evals, args.hours)
         config.load_families()  # fail on a bad family before a server starts
     except (ConfigError, FamilyError) as exc:
         print(f"evolve run: error: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ point officially and stops the server when it ends; it refuses a taken port and 
 family does not admit before it starts anything."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -31,11 +32,13 @@ def _listening(port: int) -> bool:
 
 
 def _run(tmp_path: Path, port: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, GPUS="", WORKLOAD="forward_cpu_small", FAMILY="numpy_chunked", OUT=str(tmp_path / "out"),
+    # OUT relative: the caller's directory, not the checkout the script changes to
+    env = dict(os.environ, GPUS="", WORKLOAD="forward_cpu_small", FAMILY="numpy_chunked", OUT="out",
                PORT=str(port), CPU_WORKERS="1", BENCH_TIMEOUT="300",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")   # this interpreter as python3
     env.pop("KCORAL_REMOTE", None)
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path)
 
 
 def test_benches_each_point_on_its_own_server_and_stops_it(tmp_path):
@@ -43,6 +46,8 @@ def test_benches_each_point_on_its_own_server_and_stops_it(tmp_path):
     res = _run(tmp_path, port, "bench", "seed", "f32:dtype=float32,chunk=32")
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path / "out"
+    assert not (REPO / "out").exists()
+    assert (out / "salt").stat().st_mode & 0o077 == 0   # the holdout salt: the operator's alone
     reports = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("bench-*.json"))}
     assert sorted(reports) == ["bench-1-seed.json", "bench-2-f32.json"]
     for name, rep in reports.items():
@@ -72,3 +77,19 @@ def test_refuses_a_point_the_family_does_not_admit(tmp_path):
     assert "chunk=7 is not one of" in res.stderr and "point bad:chunk=7: not rendered" in res.stderr
     assert not (tmp_path / "out" / "server.log").exists()
     assert not _listening(port)
+
+
+def test_refuses_a_point_name_that_cannot_name_its_report(tmp_path):
+    res = _run(tmp_path, free_port(), "bench", "a/b:chunk=32", timeout=120)
+    assert res.returncode == 1 and "name it with letters" in res.stderr
+    assert not (tmp_path / "out" / "server.log").exists()
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="the script's lock needs flock (util-linux)")
+def test_refuses_an_out_folder_another_run_is_using(tmp_path):
+    (tmp_path / "out").mkdir()
+    with open(tmp_path / "out" / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = _run(tmp_path, free_port(), "bench", "seed", timeout=120)
+    assert res.returncode == 1 and "another gpu-host.sh is using" in res.stderr
+    assert not (tmp_path / "out" / "server.log").exists()

@@ -99,7 +99,9 @@ def run_until_a_bench(tmp: Path, server, stderr=subprocess.PIPE, max_evals: int 
     cfg = write_config(tmp, max_evals=max_evals, confirm_runs=1, gputest=False,
                        fixed='{ algorithm = "chunked", dtype = "float32" }', subspace='{ chunk = [16, 32] }')
     if transport_wait_s is not None:
-        cfg.write_text(cfg.read_text().replace("transport_wait_s = 90", f"transport_wait_s = {transport_wait_s}"))
+        text = cfg.read_text()
+        assert "transport_wait_s = 90" in text   # write_config's value, replaced here
+        cfg.write_text(text.replace("transport_wait_s = 90", f"transport_wait_s = {transport_wait_s}"))
     db_url = f"sqlite:///{tmp / 'evolve.db'}"
     proc = subprocess.Popen(evolve_cmd("run", str(cfg), "--remote", server.url, "--db", db_url),
                             cwd=tmp, env=cli_env(), stdout=subprocess.PIPE if stderr is subprocess.PIPE else subprocess.DEVNULL,

@@ -39,6 +39,7 @@ def test_points_the_family_does_not_admit_are_refused_with_the_reason(tmp_path):
     for args, why in ((["stages=7"], "stages=7 is not one of 1, 2, 3"),
                       (["foo=1"], "has no parameter 'foo'"),
                       (["stages"], "NAME=VALUE"),
+                      (["stages=2", "stages=3"], "stages given more than once"),
                       (["state_step=warp_local"], "walk_loads = 'bulk' needs the wgmma walk")):
         res = run_cli("render", "two_pass", *args, "--out", str(out), cwd=tmp_path)
         assert res.returncode == 2, (args, res.stdout, res.stderr)

@@ -31,6 +31,8 @@ POINTS = [
     ({"state_step": "wgmma", "stages": 1, "prep_smem": "lean"}, 232),
     ({"state_step": "wgmma", "v_block": 64, "state_warps": 4}, 232),
     ({"state_step": "wgmma", "stages": 3, "out_store": "inline"}, 232),   # three slots fit only here
+    ({**NOT_BULK, "stages": 3}, 232),   # the defaults before bulk loads: cp.async copies, three slots
+    ({**NOT_BULK, "stages": 2}, 232),
     ({"prep_schedule": "persistent"}, 232),   # the prep looping over chunks, two CTAs per SM
     ({**WL, "prep_schedule": "persistent"}, 255),
     ({"segments": 4}, 232),   # the same kernels as the defaults, launched per chunk range

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import for_prep
+from .conftest import NOT_BULK, for_prep
 from .test_fused_cpu_emulation import DRIVER, GXX, PRELUDE, PRIMITIVES, _strip_functions, check_case, write_case
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
@@ -409,10 +409,11 @@ POINTS = [
     (WL, ALL_T + [(2, 33, 1, "switch"), (1, 129, 2, "scored"), (1, 200, 1, "saturated")]),   # tiles, uo_blocks 2
     ({**WL, "uo_blocks": 1}, ALL_T + [(2, 33, 1, "switch")]),
     ({**WL, "prep_smem": "lean", "uo_blocks": 1}, [(1, 129, 2, "scored"), (1, 200, 1, "saturated")]),   # run 5's best
-    ({"stages": 2, "out_store": "inline"}, ALL_T + [(2, 33, 1, "switch")]),
-    ({}, [(1, 200, 1, "saturated"), (1, 65, 2, "scored"), (2, 33, 1, "switch")]),   # the defaults
-    ({"state_step": "wgmma", "stages": 1, "v_block": 64, "state_warps": 4}, [(1, 129, 1, "scored")]),
-    ({"prep_schedule": "persistent"}, [(1, 200, 1, "saturated"), (2, 129, 2, "scored"), (1, 17, 1, "scored")]),
+    ({**NOT_BULK, "stages": 3}, ALL_T + [(2, 33, 1, "switch")]),   # the defaults before bulk loads
+    # the defaults: bulk loads on two ring slots
+    ({}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 2, "saturated"), (1, 600, 1, "scored"), (1, 65, 2, "scored")]),
+    ({**NOT_BULK, "stages": 1, "v_block": 64, "state_warps": 4}, [(1, 129, 1, "scored")]),
+    ({**NOT_BULK, "prep_schedule": "persistent"}, [(1, 200, 1, "saturated"), (2, 129, 2, "scored"), (1, 17, 1, "scored")]),
     # the sequence in chunk ranges, each prepared and walked in turn (the state carried
     # between walks): ranges of one chunk and of several, boundaries inside the sequence,
     # a last chunk cut short, fewer chunks than ranges (T = 17, 129 with 4 or 8)
@@ -421,32 +422,33 @@ POINTS = [
     ({"segments": 4, "out_store": "deferred"}, [(2, 257, 1, "scored"), (2, 200, 1, "saturated")]),
     ({"segments": 8, "stages": 2}, [(1, 600, 1, "scored"), (2, 129, 1, "scored")]),
     ({"segments": 8, "stages": 1, "v_block": 64, "state_warps": 4}, [(2, 257, 1, "scored")]),
-    # the inverse's ways: diagonal blocks inside the products stage, tf32 block products
-    ({"diag_inverse": "in_blocks"}, ALL_T + [(2, 33, 1, "switch")]),
-    ({"inverse_products": "tf32"}, ALL_T + [(2, 33, 1, "switch")]),
-    ({"diag_inverse": "in_blocks", "inverse_products": "tf32"}, ALL_T + [(2, 200, 1, "switch")]),
-    ({"inverse_products": "tf32", "flush_denormals": 1}, ALL_T + [(2, 200, 1, "switch")]),
+    # the inverse's other ways (the defaults: diagonal blocks inside the products stage, tf32
+    # block products, subnormals flushed): a separate diagonal solve, fp32 products, exact
+    ({"diag_inverse": "after_blocks"}, [(1, 129, 1, "scored"), (2, 33, 1, "switch")]),
+    ({"inverse_products": "fp32"}, [(1, 129, 1, "scored"), (2, 33, 1, "switch")]),
+    ({"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0},
+     ALL_T + [(2, 200, 1, "switch")]),
     # the prep's CTA orders: a head's chunks in turn (the defaults before), every head of a
     # chunk in turn (H = 2: the launch's x is the head), with and without chunk ranges
     ({"prep_order": "by_head"}, [(1, 129, 2, "scored"), (2, 200, 1, "saturated")]),
     ({"prep_order": "by_chunk"}, [(1, 129, 2, "scored"), (2, 200, 1, "switch")]),
     ({"segments": 4}, [(2, 257, 2, "scored")]),
     # the elementwise stage on packed bf16 pairs
-    ({"elementwise": "bf16x2"}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 1, "saturated")]),
+    ({**NOT_BULK, "elementwise": "bf16x2"}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 1, "saturated")]),
     # ut = T v formed by the state walk from T and the inputs' v (rows past the end zeroed),
     # the next chunk's behind each update: with inline and deferred stores, in chunk ranges
     # (ranges of one chunk and more), and beside the persistent prep
-    ({"ut_product": "state", "stages": 2}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 2, "saturated")]),
+    ({**NOT_BULK, "ut_product": "state", "stages": 2}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 2, "saturated")]),
     ({"ut_product": "state", "stages": 2, "out_store": "deferred"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
-    ({"ut_product": "state", "stages": 2, "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
+    ({**NOT_BULK, "ut_product": "state", "stages": 2, "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
     ({"ut_product": "state", "stages": 2, "prep_schedule": "persistent"}, [(2, 129, 2, "scored")]),
     # bulk loads: the prep writes the ring's image (qg, kd, w, ut swizzled; P by k-step), the
     # walk copies each tile whole on an mbarrier: every ring depth, two CTAs per head (ut's
     # second panel), deferred stores, chunk ranges, the persistent prep, packed elementwise
-    ({"walk_loads": "bulk"}, ALL_T + [(2, 200, 1, "switch"), (1, 200, 2, "saturated"), (1, 600, 1, "scored")]),
+    ({"walk_loads": "bulk", "stages": 3}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
     ({"walk_loads": "bulk", "stages": 2, "out_store": "deferred"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
     ({"walk_loads": "bulk", "stages": 1, "v_block": 64, "state_warps": 4}, [(1, 129, 1, "scored"), (1, 65, 2, "saturated")]),
-    ({"walk_loads": "bulk", "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
+    ({**NOT_BULK, "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
     ({"walk_loads": "bulk", "prep_schedule": "persistent"}, [(2, 129, 2, "scored")]),
     ({"walk_loads": "bulk", "elementwise": "bf16x2"}, [(2, 129, 1, "switch"), (1, 200, 1, "saturated")]),
     # and where the walk forms ut: T by k-step, v row by row (only the rows before the end)
@@ -457,12 +459,12 @@ POINTS = [
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
-       "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "wgmma_s2", "defaults",
-       "wgmma_vb64_s1", "persistent_prep", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
-       "segments_8_vb64_s1", "diag_in_blocks", "inverse_tf32", "diag_in_blocks_tf32",
-       "tf32_flush_denormals", "by_head", "by_chunk", "descending_segments_h2", "elementwise_bf16x2",
-       "ut_state_s2", "ut_state_deferred", "ut_state_segments_4", "ut_state_persistent",
-       "bulk", "bulk_s2_deferred", "bulk_vb64_s1", "bulk_segments_4", "bulk_persistent", "bulk_bf16x2",
+       "cta_lean_s1", "warp_local_tiles", "uo_blocks_1", "lean_warp_local", "cp_async_s3", "defaults",
+       "cp_async_vb64_s1", "cp_async_persistent", "segments_2", "segments_4", "segments_4_deferred", "segments_8_s2",
+       "segments_8_vb64_s1", "diag_after_blocks", "inverse_fp32", "inverse_fp32_exact",
+       "by_head", "by_chunk", "descending_segments_h2", "cp_async_bf16x2",
+       "ut_state_cp_async", "ut_state_deferred", "cp_async_ut_state_segments_4", "ut_state_persistent",
+       "bulk_s3", "bulk_s2_deferred", "bulk_vb64_s1", "cp_async_segments_4", "bulk_persistent", "bulk_bf16x2",
        "bulk_ut_state", "bulk_ut_state_vb64_deferred", "bulk_ut_state_segments_4"]
 
 

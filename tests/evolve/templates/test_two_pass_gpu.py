@@ -42,33 +42,34 @@ def _host(data, name):
     {**WL, "prep_smem": "lean"},
     {**WL, "uo_blocks": 1},
     WL,
-    {"stages": 2, "out_store": "inline"},
+    {**NOT_BULK, "stages": 3},   # the defaults before bulk loads (0.816 ms official): cp.async copies, three slots
+    {**NOT_BULK, "stages": 2},
     {"stages": 1, "prep_smem": "lean", "out_store": "inline"},
     {"prep_schedule": "persistent"},
     {"segments": 4},   # chunk ranges pipelined on two streams, the state carried between walks
-    {"diag_inverse": "in_blocks"},
-    {"inverse_products": "tf32"},
-    {"diag_inverse": "in_blocks", "inverse_products": "tf32"},
-    {"inverse_products": "tf32", "flush_denormals": 1},
+    {"diag_inverse": "after_blocks"},   # the inverse's other ways (the defaults: in blocks, tf32, flushed)
+    {"inverse_products": "fp32"},
+    {"diag_inverse": "after_blocks", "inverse_products": "fp32"},
+    {"flush_denormals": 0},
     {"prep_order": "by_head"},   # a head's chunks in turn (the defaults before prep_order)
     {"prep_order": "by_chunk"},
     {"prep_order": "by_head", "segments": 4},
     {"elementwise": "bf16x2"},   # the elementwise stage on packed bf16 pairs
     {"row_norms": "cuda_cores"},   # 1/|q| and 1/|k| summed on the CUDA cores (the defaults before row_norms)
     {"prep_schedule": "persistent", "elementwise": "bf16x2", "row_norms": "cuda_cores", **NOT_BULK},
-    {"ut_product": "state", "stages": 2},   # ut = T v formed by the state walk from the inputs' v
+    {**NOT_BULK, "ut_product": "state", "stages": 2},   # ut = T v formed by the state walk from the inputs' v
     {"ut_product": "state", "stages": 2, "out_store": "deferred"},
     {"ut_product": "state", "stages": 2, "segments": 4},
-    {"walk_loads": "bulk"},   # the walk's tiles by bulk copies on mbarriers, from scratch in the ring's layout
+    {"walk_loads": "bulk", "stages": 3},   # the walk's bulk copies (the defaults) on three slots
     {"walk_loads": "bulk", "stages": 1, "v_block": 64, "state_warps": 4},
     {"walk_loads": "bulk", "stages": 2, "out_store": "deferred", "segments": 4},
     {"walk_loads": "bulk", "ut_product": "state", "stages": 2},   # and the walk forms ut: v row by row
     {"walk_loads": "bulk", "ut_product": "state", "stages": 2, "v_block": 64, "state_warps": 4, "segments": 4},
 ], ids=["defaults", "cta_full_s1", "cta_vb64", "wl_full", "wl_vb64_s1", "cta_lean", "wl_lean", "wl_uo1", "warp_local",
-        "wgmma_s2", "wgmma_s1_lean", "persistent_prep", "segments_4", "diag_in_blocks", "inverse_tf32",
-        "diag_in_blocks_tf32", "tf32_flush", "by_head", "by_chunk", "by_head_segments", "elementwise_bf16x2",
-        "norms_cuda_cores", "persistent_bf16x2",
-        "ut_state_s2", "ut_state_deferred", "ut_state_segments_4", "bulk", "bulk_vb64_s1", "bulk_s2_deferred_segments",
+        "cp_async_s3", "cp_async_s2", "wgmma_s1_lean", "persistent_prep", "segments_4", "diag_after_blocks",
+        "inverse_fp32", "diag_after_blocks_fp32", "exact_denormals", "by_head", "by_chunk", "by_head_segments",
+        "elementwise_bf16x2", "norms_cuda_cores", "persistent_bf16x2",
+        "ut_state_cp_async", "ut_state_deferred", "ut_state_segments_4", "bulk_s3", "bulk_vb64_s1", "bulk_s2_deferred_segments",
         "bulk_ut_state", "bulk_ut_state_vb64_segments"])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):

@@ -51,6 +51,15 @@ def test_a_lowered_priority_stops_the_run(client, tmp_path):
     assert not rep.passed and "lowered the scheduling priority" in rep.message, verdict(rep)
 
 
+def test_a_candidate_cannot_blame_the_server(client, tmp_path):
+    """`unavailable` tells the search a point was never judged (it is retried, never learned
+    as infeasible). Only the judge's trusted side and a host that failed before it was ready
+    may say so: a candidate's host that claims it is running the candidate's code."""
+    rep = run_bench(client, CPU_WORKLOAD, stage("blame_the_server", tmp_path), timeout=180)
+    assert not rep.passed and rep.failure_kind == "runtime", verdict(rep)
+    assert "the GPU fell off the bus" in rep.message, verdict(rep)
+
+
 @pytest.mark.parametrize("name", ON_INCUMBENT)
 def test_challenger_cannot_slow_the_incumbent(client, tmp_path, name):
     rep = run_bench(client, CPU_WORKLOAD, stage(name, tmp_path), timeout=180, against=REFERENCE)

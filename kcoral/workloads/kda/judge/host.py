@@ -262,6 +262,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - the judge promised confinement: no run without it
         chan.send({"ok": False, "kind": "unavailable", "message": f"the host could not confine itself: {exc}"})
         return 1
+    chan.send({"ok": True, "ready": True})  # the judge trusts an "unavailable" only before this
     # Prints of the candidate go to this process's stdout/stderr: the judge's log file.
     Host(chan, role, be, waiters, confined).serve()
     return 0

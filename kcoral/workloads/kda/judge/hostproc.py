@@ -218,6 +218,7 @@ class HostProcess:
             theirs.close()
             log.close()
         self.chan = Channel(ours)
+        self.ready = False  # its first message came: it made its backend and confined itself
         _live[self.proc.pid] = self
 
     @property
@@ -232,23 +233,45 @@ class HostProcess:
 
     def request_fds(self, msg: dict, timeout: float = REPLY_TIMEOUT_S) -> tuple[dict, list[int]]:
         """One request; its reply and the descriptors that came with it (the caller's to close)."""
+        op = msg.get("op")
+        if not self.ready:
+            # Its first message says whether it started: a backend that cannot be made or a
+            # confinement that failed is the server's fault ("unavailable"). No candidate code
+            # has run before it, so this is the only place a candidate's host may say so.
+            hello, extra = self._recv(op, timeout)
+            for fd in extra:
+                os.close(fd)
+            if hello.get("ok") is not True:
+                kind = str(hello["kind"]) if hello.get("kind") in ("import", "runtime", "unavailable") else "runtime"
+                raise CandidateError(kind, str(hello.get("message") or "the host failed to start")[:8000])
+            self.ready = True
         try:
             self.chan.send(msg)
-            reply, extra = self.chan.recv(timeout)
-        except (ChannelClosed, BrokenPipeError, ConnectionError) as exc:
-            raise CandidateError("runtime", f"the {self.label} process died during '{msg.get('op')}' "
+        except (BrokenPipeError, ConnectionError) as exc:
+            raise CandidateError("runtime", f"the {self.label} process died before '{op}' "
                                  f"({self._exit_text()}): {exc}\n{self.log_tail(2000)}") from None
-        except TimeoutError:
-            raise CandidateError("runtime", f"the {self.label} process gave no answer to '{msg.get('op')}' "
-                                 f"within {timeout:.0f} s") from None
-        except ValueError as exc:  # an unreadable message: the host is not speaking the protocol
-            raise CandidateError("runtime", f"the {self.label} process sent a malformed reply: {exc}") from None
+        reply, extra = self._recv(op, timeout)
         if reply.get("ok") is not True:
             for fd in extra:
                 os.close(fd)
-            kind = str(reply["kind"]) if reply.get("kind") in ("import", "runtime", "unavailable") else "runtime"
+            kinds = ("import", "runtime", "unavailable") if self.role == "trusted" else ("import", "runtime")
+            # A candidate's host, once ready, runs the candidate's code, which can write any
+            # reply on this channel: "unavailable" from it would put its failure on the server.
+            kind = str(reply["kind"]) if reply.get("kind") in kinds else "runtime"
             raise CandidateError(kind, str(reply.get("message") or "the host reported a failure")[:8000])
         return reply, extra
+
+    def _recv(self, op: object, timeout: float) -> tuple[dict, list[int]]:
+        try:
+            return self.chan.recv(timeout)
+        except (ChannelClosed, BrokenPipeError, ConnectionError) as exc:
+            raise CandidateError("runtime", f"the {self.label} process died during '{op}' "
+                                 f"({self._exit_text()}): {exc}\n{self.log_tail(2000)}") from None
+        except TimeoutError:
+            raise CandidateError("runtime", f"the {self.label} process gave no answer to '{op}' "
+                                 f"within {timeout:.0f} s") from None
+        except ValueError as exc:  # an unreadable message: the host is not speaking the protocol
+            raise CandidateError("runtime", f"the {self.label} process sent a malformed reply: {exc}") from None
 
     def _exit_text(self) -> str:
         try:  # its channel closed: give the process a moment to finish dying
