@@ -55,18 +55,38 @@ class Job(BaseModel):
     claimed: dict[Stage, int] = Field(default_factory=dict)   # stage -> evaluation this process claimed
 
 
+SERVER_RETRIES = 2   # resumes that retry one candidate's stage the server lost, at most
+
+
 def _lost_to_the_server(evs: list[Evaluation], stages: list[Stage]) -> Evaluation | None:
     """The candidate's last evaluation if the server lost it rather than judged it: a
     pipeline stage, or a confirmation, failed with a server kind (`SERVER_KINDS`). A run
     whose breaker tripped on a broken server ends with such candidates, its seed among
     them. Whichever run wrote it: a resumed run that stopped before it got to what it owed
-    leaves it to the next resume."""
+    leaves it to the next resume. Not after `SERVER_RETRIES` retries lost the same way: a
+    candidate that takes the server down each time it runs would otherwise open every resume."""
     last = evs[-1] if evs else None
     owed = set(stages) | ({Stage.CONFIRM} if Stage.BENCH in stages else set())
     if (last is None or last.stage not in owed
             or last.status != EvaluationStatus.FAILED or last.failure_kind not in SERVER_KINDS):
         return None
-    return last
+    losses = sum(e.stage == last.stage and e.status == EvaluationStatus.FAILED and e.failure_kind in SERVER_KINDS
+                 for e in evs)
+    return last if losses <= SERVER_RETRIES else None
+
+
+def _config_changes(before: dict, after: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two recorded configs (bookkeeping keys aside)."""
+    out: list[str] = []
+    for key in sorted(set(before) | set(after)):
+        if not prefix and key in ("resumed_from", "budget"):   # a resume's budget is its own
+            continue
+        a, b = before.get(key), after.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
 
 
 def _bench_beats(evs: list[Evaluation], best_speedup: float | None) -> bool:
@@ -208,14 +228,18 @@ class SearchLoop:
             self.pop.finish_run(prev.id, RunState.INTERRUPTED, dead=True)
         best = self.pop.best(prev.workload_id)
         best_speedup = self.pop.bench_speedup(best.candidate_id) if best else None
+        families = {f.name for f in self.config.families}
         for cand in self.pop.candidates(prev.workload_id):
             if cand.id in jobs:
                 continue
             evs = self.pop.evaluations(cand.id)
             lost = _lost_to_the_server(evs, stages)
-            # Never judged: the server failed it (fixed since, one hopes). A confirmation is
-            # owed only while the bench still beats the best (else promotion would not try).
-            if lost is not None and (lost.stage != Stage.CONFIRM or _bench_beats(evs, best_speedup)):
+            # Never judged: the server failed it (fixed since, one hopes). Owed only where this
+            # config still searches its family (agents' candidates have none), and a
+            # confirmation only while the bench still beats the best (else promotion would not try).
+            in_config = cand.family is None or cand.family in families
+            if (lost is not None and in_config
+                    and (lost.stage != Stage.CONFIRM or _bench_beats(evs, best_speedup))):
                 jobs[cand.id] = Job(candidate_id=cand.id, retry_of={lost.stage: lost.id})
                 retried.append(lost.id)
                 continue
@@ -343,6 +367,13 @@ class SearchLoop:
             self.stream.write("evolve: nothing to resume for this workload; starting a new run\n")
         if prev is None:
             return None, [], []
+        changed = _config_changes(prev.config, self.config.to_record())
+        if changed:
+            # A resume reads the config of its own command line, not the run's: a stage turned
+            # off by `--set` last time and on now would be owed for every candidate benched.
+            self.stream.write(f"evolve: note: this config differs from run {prev.id}'s in "
+                              f"{', '.join(changed[:8])}{' ...' if len(changed) > 8 else ''} "
+                              "(a resume uses the config and --set given now)\n")
         jobs, retried = self._resume_jobs(prev, stages)
         return prev, jobs, retried
 

@@ -39,13 +39,16 @@ def _environment(directory: Path) -> jinja2.Environment:
     )
 
 
-def render_sources(family: Family, params: Mapping[str, Any]) -> dict[str, bytes]:
-    """The files of a candidate (name -> bytes), without params.json."""
+def render_sources(family: Family, params: Mapping[str, Any], suffix: str = "") -> dict[str, bytes]:
+    """The files of a candidate (name -> bytes), without params.json; with `suffix`, only
+    the rendered files whose names end with it (the copied ones are never rendered)."""
     point = family.validate(params)
     variables: dict[str, Any] = {**family.environment(point), "params": dict(point), "family_name": family.name}
     env = _environment(family.directory)
     files: dict[str, bytes] = {}
     for rel in family.spec.render:
+        if not rel.removesuffix(".j2").endswith(suffix):
+            continue
         try:
             text = env.get_template(rel).render(**variables)
         except jinja2.TemplateError as exc:
@@ -53,7 +56,7 @@ def render_sources(family: Family, params: Mapping[str, Any]) -> dict[str, bytes
             where = f"{rel}:{lineno}" if lineno else rel
             raise RenderError(f"family {family.name!r}: {where}: {exc}") from None
         files[Path(rel).name[: -len(".j2")]] = text.encode("utf-8")
-    for rel in family.spec.copy_files:
+    for rel in family.spec.copy_files if not suffix else ():
         files[Path(rel).name] = (family.directory / rel).read_bytes()
     return files
 

@@ -12,9 +12,9 @@ from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 
-# A value that is not TOML but reads as one word is taken as a string, so that
-# `strategy.kind=evolution` needs no shell-quoted TOML string.
-_BARE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/+-]*")
+# A value that is not TOML but reads as one word (or a path) is taken as a string, so that
+# `strategy.kind=evolution` or `output_dir=./gen2` needs no shell-quoted TOML string.
+_BARE_WORD = re.compile(r"[A-Za-z0-9_./~][A-Za-z0-9_.:/+~-]*")
 
 
 def describe(exc: ValidationError, root: str = "file") -> str:

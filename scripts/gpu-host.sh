@@ -77,6 +77,7 @@ if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $PORT),
 fi
 
 [ -s "$OUT/salt" ] || (umask 077 && python3 -c "import secrets; print(secrets.token_hex(32))" > "$OUT/salt")
+chmod 600 "$OUT/salt"   # one left by an older script may not be private
 server=(python3 -m kcoral_server --port "$PORT" --holdout-salt-file "$OUT/salt")
 if [ -n "$GPUS" ]; then
     echo "gpu-host: compiling the baseline into $OUT/baseline-cache"
@@ -86,7 +87,7 @@ if [ -n "$GPUS" ]; then
 else
     server+=(--cpu-workers "${CPU_WORKERS:-2}")
 fi
-"${server[@]}" > "$OUT/server.log" 2>&1 &
+"${server[@]}" > "$OUT/server.log" 2>&1 9>&- &
 server_pid=$!
 trap 'kill $server_pid 2>/dev/null; wait $server_pid 2>/dev/null || true' EXIT
 # Ready when this server says it listens on PORT and /health answers with its instance id:
@@ -109,8 +110,11 @@ for _ in range(240):
             if isinstance(e, dict) and e.get("event") == "listening" and e.get("port") == port:
                 ours.append(e.get("instance_id"))
     if ours:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-            sys.exit(0 if json.load(r).get("instance_id") == ours[0] else 1)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                sys.exit(0 if json.load(r).get("instance_id") == ours[0] else 1)
+        except (OSError, ValueError):   # not answering yet: ask again
+            pass
     time.sleep(0.5)
 sys.exit(1)
 EOF

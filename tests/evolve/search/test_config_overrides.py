@@ -19,6 +19,8 @@ from tests.evolve.search.helpers import run_cli, write_config
     ('families=[{name = "two_pass", fixed = {v_block = 128}}]', ["families"],
      [{"name": "two_pass", "fixed": {"v_block": 128}}]),
     ("output_dir=runs/gen-2", ["output_dir"], "runs/gen-2"),
+    ("output_dir=./gen2", ["output_dir"], "./gen2"),
+    ("output_dir=/tmp/gen", ["output_dir"], "/tmp/gen"),
 ])
 def test_values_read_as_toml_or_a_bare_word(text, path, value):
     assert parse_override(text) == (path, value)

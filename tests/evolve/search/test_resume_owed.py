@@ -4,10 +4,12 @@ through `Population` as runs would write them: the cases the end-to-end resume t
 marks the database."""
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from evolve.config import load_config
-from evolve.loop import SearchLoop
+from evolve.loop import SERVER_RETRIES, SearchLoop
 from evolve.population import NewCandidate, Population, StageResult
 from evolve.vocabulary import EvaluationStatus, RunState, Stage
 from tests.evolve.search.helpers import WORKLOAD, population, write_config
@@ -101,3 +103,45 @@ def test_a_confirmation_lost_to_the_server_is_owed_while_it_could_promote(setup)
     jobs, retried = loop._resume_jobs(pop.run(r1), STAGES)
     assert [(j.candidate_id, j.retry_of) for j in jobs] == [(faster, {Stage.CONFIRM: lost})]
     assert retried == [lost]
+
+
+def test_a_stage_the_server_keeps_losing_is_owed_only_so_often(setup):
+    """A candidate that takes the server down whenever it runs would open every resume."""
+    pop, wid, loop = setup
+    r1 = _run(pop, wid)
+    cid = _candidate(pop, wid, "crasher")
+    _passes_to_bench(pop, cid, r1)
+    lost = _stage(pop, cid, Stage.BENCH, r1, kind="transport")
+    for _ in range(SERVER_RETRIES):
+        jobs, _ = loop._resume_jobs(pop.run(r1), STAGES)
+        assert [(j.candidate_id, j.retry_of) for j in jobs] == [(cid, {Stage.BENCH: lost})]
+        lost = _stage(pop, cid, Stage.BENCH, _run(pop, wid), kind="transport", retry_of=lost)
+    assert loop._resume_jobs(pop.run(r1), STAGES) == ([], [])
+
+
+def test_a_loss_outside_the_configured_families_is_left_owed(setup):
+    pop, wid, loop = setup
+    r1 = _run(pop, wid)
+    cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="template", digest="other", directory="/x/o",
+                                             family="two_pass", params={"chunk": 64}))
+    _passes_to_bench(pop, cand.id, r1)
+    _stage(pop, cand.id, Stage.BENCH, r1, kind="unavailable")
+    assert loop._resume_jobs(pop.run(r1), STAGES) == ([], [])   # this config searches numpy_chunked only
+
+
+def test_a_resume_says_where_its_config_differs_from_the_runs(tmp_path):
+    pop = population(f"sqlite:///{tmp_path / 'evolve.db'}")
+    wid = pop.ensure_workload("forward_cpu_small", str(WORKLOAD))
+    config = load_config(write_config(tmp_path), ["stages.gputest.enabled=false"])
+    rid = pop.start_run(wid, config.to_record() | {"resumed_from": None}, "evolution")
+    pop.finish_run(rid, RunState.FAILED)
+    stream = io.StringIO()
+    again = load_config(write_config(tmp_path), ["budget.max_evals=1"])   # the budget is a resume's own
+    loop = SearchLoop(again, client=None, pop=pop, resume=True, stream=stream)  # type: ignore[arg-type]
+    prev, _, _ = loop._resume_previous(wid, again.enabled_stages())
+    assert prev is not None and prev.id == rid
+    assert f"differs from run {rid}'s in stages.gputest.enabled " in stream.getvalue()
+    stream.truncate(0)
+    same = SearchLoop(config, client=None, pop=pop, resume=True, stream=stream)  # type: ignore[arg-type]
+    same._resume_previous(wid, config.enabled_stages())
+    assert "differs" not in stream.getvalue()

@@ -20,8 +20,9 @@ def test_every_point_renders_python_that_compiles(family):
     assert points, f"{family} admits no point"
     compiled: set[bytes] = set()   # points that render the same Python, compiled once
     for params in points:
-        files = render_sources(fam, params)
+        files = render_sources(fam, params, suffix=".py")   # the CUDA sources: the compile tests
+        assert files, f"{family} renders no Python"
         for name, body in files.items():
-            if name.endswith(".py") and body not in compiled:
+            if body not in compiled:
                 compile(body.decode(), f"{family}:{params}:{name}", "exec")
                 compiled.add(body)

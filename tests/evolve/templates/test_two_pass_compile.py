@@ -27,16 +27,15 @@ POINTS = [
     ({**WL, "prep_smem": "lean", "uo_blocks": 2}, 255),
     ({**WL, "uo_blocks": 1}, 255),
     ({**WL, "v_block": 64, "state_warps": 4, "stages": 1, "uo_blocks": 1}, 255),
-    ({"state_step": "wgmma", "stages": 2, "out_store": "inline"}, 232),   # two warpgroups on wgmma
     ({"state_step": "wgmma", "stages": 1, "prep_smem": "lean"}, 232),
     ({"state_step": "wgmma", "v_block": 64, "state_warps": 4}, 232),
     ({"state_step": "wgmma", "stages": 3, "out_store": "inline"}, 232),   # three slots fit only here
     ({**NOT_BULK, "stages": 3}, 232),   # the defaults before bulk loads: cp.async copies, three slots
     ({**NOT_BULK, "stages": 2}, 232),
-    ({"prep_schedule": "persistent"}, 232),   # the prep looping over chunks, two CTAs per SM
+    ({**NOT_BULK, "prep_schedule": "persistent"}, 232),   # the prep looping over chunks, two CTAs per SM
     ({**WL, "prep_schedule": "persistent"}, 255),
     ({"segments": 4}, 232),   # the same kernels as the defaults, launched per chunk range
-    ({"segments": 2, "out_store": "deferred"}, 232),
+    ({**NOT_BULK, "segments": 2, "out_store": "deferred"}, 232),
     # the inverse's ways (the defaults take all three new ones): fp32 products, a separate diagonal solve, exact subnormals
     ({"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0}, 232),
     ({"diag_inverse": "after_blocks"}, 232),
@@ -44,15 +43,14 @@ POINTS = [
     ({"prep_schedule": "persistent", "flush_denormals": 0}, 232),
     ({"prep_order": "by_head"}, 232),   # the prep's CTA orders (the defaults: by_chunk_descending)
     ({"prep_order": "by_chunk", "segments": 2}, 232),
-    ({"elementwise": "bf16x2"}, 232),   # the elementwise stage on packed bf16 pairs
+    ({**NOT_BULK, "elementwise": "bf16x2"}, 232),   # the elementwise stage on packed bf16 pairs
     ({"elementwise": "bf16x2", "prep_schedule": "persistent", "row_norms": "cuda_cores", **NOT_BULK}, 232),
     ({"row_norms": "cuda_cores"}, 232),   # 1/|q| and 1/|k| summed on the CUDA cores (the defaults: tensor cores)
     # ut = T v formed by the state walk (the prep writes T and never reads v)
-    ({"ut_product": "state", "stages": 2}, 232),
+    ({**NOT_BULK, "ut_product": "state", "stages": 2}, 232),
     ({"ut_product": "state", "stages": 2, "out_store": "deferred"}, 232),
     ({"ut_product": "state", "stages": 2, "prep_schedule": "persistent"}, 232),
     # the walk's tiles as bulk copies, the prep writing the ring's layout (its shuffles included)
-    ({"walk_loads": "bulk"}, 232),
     ({"walk_loads": "bulk", "elementwise": "bf16x2"}, 232),
     ({"walk_loads": "bulk", "stages": 1, "v_block": 64, "state_warps": 4}, 232),
     ({"walk_loads": "bulk", "stages": 2, "out_store": "deferred", "segments": 2}, 232),
