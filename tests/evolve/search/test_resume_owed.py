@@ -52,14 +52,19 @@ def _passes_to_bench(pop: Population, cid: int, rid: int) -> None:
     _stage(pop, cid, Stage.GPUTEST, rid)
 
 
+def _bench_lost(pop: Population, wid: int, kind: str) -> tuple[int, int, int]:
+    """(run, candidate, its bench evaluation): a run that lost a candidate's bench to the server."""
+    rid = _run(pop, wid)
+    cid = _candidate(pop, wid, "lost")
+    _passes_to_bench(pop, cid, rid)
+    return rid, cid, _stage(pop, cid, Stage.BENCH, rid, kind=kind)
+
+
 def test_a_server_loss_is_owed_by_every_resume_until_retried(setup):
     """Run 1's breaker stopped it on a broken server; run 2 (its resume) stopped too before it
     reached the retry. Run 3 must still owe it: tied to run 2 alone, it was lost for good."""
     pop, wid, loop = setup
-    r1 = _run(pop, wid)
-    cid = _candidate(pop, wid, "seed")
-    _passes_to_bench(pop, cid, r1)
-    lost = _stage(pop, cid, Stage.BENCH, r1, kind="unavailable")
+    _, cid, lost = _bench_lost(pop, wid, "unavailable")
     r2 = _run(pop, wid)
     judged = _candidate(pop, wid, "judged")          # a verdict, not a loss: never owed
     _passes_to_bench(pop, judged, r2)
@@ -73,10 +78,7 @@ def test_a_retry_that_passed_leaves_its_candidate_owed_a_promotion(setup):
     """The bench lost to the server in run 1 passed on retry in run 2, which died before
     promotion: the old failure must not make run 3 skip the candidate."""
     pop, wid, loop = setup
-    r1 = _run(pop, wid)
-    cid = _candidate(pop, wid, "c")
-    _passes_to_bench(pop, cid, r1)
-    lost = _stage(pop, cid, Stage.BENCH, r1, kind="transport")
+    _, cid, lost = _bench_lost(pop, wid, "transport")
     r2 = _run(pop, wid)
     _stage(pop, cid, Stage.BENCH, r2, speedup=1.4, retry_of=lost)
     jobs, retried = loop._resume_jobs(pop.run(r2), STAGES)
@@ -108,10 +110,7 @@ def test_a_confirmation_lost_to_the_server_is_owed_while_it_could_promote(setup)
 def test_a_stage_the_server_keeps_losing_is_owed_only_so_often(setup):
     """A candidate that takes the server down whenever it runs would open every resume."""
     pop, wid, loop = setup
-    r1 = _run(pop, wid)
-    cid = _candidate(pop, wid, "crasher")
-    _passes_to_bench(pop, cid, r1)
-    lost = _stage(pop, cid, Stage.BENCH, r1, kind="transport")
+    r1, cid, lost = _bench_lost(pop, wid, "transport")
     for _ in range(SERVER_RETRIES):
         jobs, _ = loop._resume_jobs(pop.run(r1), STAGES)
         assert [(j.candidate_id, j.retry_of) for j in jobs] == [(cid, {Stage.BENCH: lost})]
