@@ -12,6 +12,7 @@ import os
 import signal
 
 from .fdwait import readable as _readable
+from .ipcns import force_shm_removal
 from .sandbox import READY, SandboxPolicy
 
 
@@ -22,6 +23,7 @@ class SandboxProcess:
         self._init_pidfd = -1   # the sandbox's PID 1: killing it kills every process inside
         self._stdin = -1        # closing it ends the placeholder command, and the sandbox
         self.init_pid = 0
+        self.shm_forced = False   # shm_rmid_forced set in the sandbox's IPC namespace
         self._reaper: asyncio.Future[None] | None = None
 
     @classmethod
@@ -60,6 +62,9 @@ class SandboxProcess:
             self.init_pid = int(info["child-pid"])
             # Taken while the sandbox is known alive: a pidfd never reaches a reused pid.
             self._init_pidfd = os.pidfd_open(self.init_pid)
+            # Before any program runs in it: SysV segments die with their last attachment,
+            # so no program can leave memory behind that no process limit counts.
+            self.shm_forced = force_shm_removal(self.init_pid, self._init_pidfd)
         except BaseException:
             self.kill()
             await self.wait()

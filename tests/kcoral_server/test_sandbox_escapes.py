@@ -7,9 +7,11 @@ what it wants through its parent pid, /proc, the paths its worker was handed, /d
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import secrets
 import signal
 import threading
 import time
@@ -424,6 +426,25 @@ def test_nothing_is_left_in_dev_shm(limited) -> None:
     finally:
         if os.path.exists(f"/dev/shm/{name}"):
             os.unlink(f"/dev/shm/{name}")
+
+
+def test_a_detached_sysv_segment_does_not_outlive_its_last_attachment(limited) -> None:
+    # 3 GiB of System V shared memory, written and detached, stayed pinned for the rest of
+    # a judge's request, counted by no process limit (here: 8 MiB, looked up again by key).
+    keep = ("import ctypes, os\n"
+            "def main(key):\n"
+            "    libc = ctypes.CDLL(None, use_errno=True)\n"
+            "    libc.shmat.restype = ctypes.c_void_p\n"
+            "    libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]\n"
+            "    libc.shmdt.argtypes = [ctypes.c_void_p]\n"
+            "    sid = libc.shmget(key, 8 << 20, 0o1600)\n"
+            "    addr = libc.shmat(sid, None, 0)\n"
+            "    ctypes.memset(addr, 1, 8 << 20)\n"
+            "    libc.shmdt(ctypes.c_void_p(addr))\n"
+            "    again = libc.shmget(key, 0, 0)\n"
+            "    return [sid >= 0, again, ctypes.get_errno() if again < 0 else 0]\n")
+    made, again, err = _run(limited, keep, args=[0x4B450000 + secrets.randbelow(1 << 16)]).raise_for_failure().results["out"]
+    assert made and again == -1 and err == errno.ENOENT
 
 
 def test_memory_is_bounded(limited) -> None:
