@@ -35,8 +35,8 @@ def force_shm_removal(init_pid: int, init_pidfd: int) -> bool:
     """Set shm_rmid_forced in the IPC namespace of the sandbox whose PID 1 is `init_pid`;
     False (logged once) where this kernel or these privileges do not allow it."""
     result: list[OSError | None] = []
-    # A thread of its own: should it fail to leave the sandbox's namespace, it ends there
-    # rather than serve anything else from inside it.
+    # A thread of its own: it stays in the sandbox's namespace and ends, so no thread that
+    # serves anything else ever runs inside it.
     worker = threading.Thread(target=_in_namespace, args=(init_pid, init_pidfd, result), name="kcoral-ipcns")
     worker.start()
     worker.join()

@@ -23,7 +23,6 @@ class SandboxProcess:
         self._init_pidfd = -1   # the sandbox's PID 1: killing it kills every process inside
         self._stdin = -1        # closing it ends the placeholder command, and the sandbox
         self.init_pid = 0
-        self.shm_forced = False   # shm_rmid_forced set in the sandbox's IPC namespace
         self._reaper: asyncio.Future[None] | None = None
 
     @classmethod
@@ -64,7 +63,7 @@ class SandboxProcess:
             self._init_pidfd = os.pidfd_open(self.init_pid)
             # Before any program runs in it: SysV segments die with their last attachment,
             # so no program can leave memory behind that no process limit counts.
-            self.shm_forced = force_shm_removal(self.init_pid, self._init_pidfd)
+            force_shm_removal(self.init_pid, self._init_pidfd)
         except BaseException:
             self.kill()
             await self.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
 from evolve import builtin
 from evolve.commands.jsonout import add_json_flag, emit
@@ -44,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         family = _family(args.family)
         pairs = [_value(family, item) for item in args.values]
-        twice = sorted({n for n, _ in pairs if sum(m == n for m, _ in pairs) > 1})
+        twice = sorted(n for n, count in Counter(n for n, _ in pairs).items() if count > 1)
         if twice:
             raise _Refused(f"{', '.join(twice)} given more than once: give each parameter one value")
         given = dict(pairs)

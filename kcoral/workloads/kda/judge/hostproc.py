@@ -242,8 +242,7 @@ class HostProcess:
             for fd in extra:
                 os.close(fd)
             if hello.get("ok") is not True:
-                kind = str(hello["kind"]) if hello.get("kind") in ("import", "runtime", "unavailable") else "runtime"
-                raise CandidateError(kind, str(hello.get("message") or "the host failed to start")[:8000])
+                raise _failure(hello, ("import", "runtime", "unavailable"), "the host failed to start")
             self.ready = True
         try:
             self.chan.send(msg)
@@ -257,8 +256,7 @@ class HostProcess:
             kinds = ("import", "runtime", "unavailable") if self.role == "trusted" else ("import", "runtime")
             # A candidate's host, once ready, runs the candidate's code, which can write any
             # reply on this channel: "unavailable" from it would put its failure on the server.
-            kind = str(reply["kind"]) if reply.get("kind") in kinds else "runtime"
-            raise CandidateError(kind, str(reply.get("message") or "the host reported a failure")[:8000])
+            raise _failure(reply, kinds, "the host reported a failure")
         return reply, extra
 
     def _recv(self, op: object, timeout: float) -> tuple[dict, list[int]]:
@@ -307,6 +305,12 @@ class HostProcess:
             self.arena.free(buf)
         self.adopted.clear()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _failure(reply: dict, kinds: tuple[str, ...], default: str) -> CandidateError:
+    """A host's failure reply as the judge's error: its kind where it is one of `kinds`, else runtime."""
+    kind = str(reply["kind"]) if reply.get("kind") in kinds else "runtime"
+    return CandidateError(kind, str(reply.get("message") or default)[:8000])
 
 
 def _chown_tree(path: Path, uid: int) -> None:
