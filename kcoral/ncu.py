@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .errors import NcuError
+from .ncu_columns import NAME_COLUMNS, is_metric_column, profile_fields
 
 # Model field -> ncu metric. The "excessive" column is labelled `byte` by ncu but its value
 # is the sector count that the SourceCounters rule text reports.
@@ -32,7 +33,6 @@ METRIC_FIELDS: dict[str, str] = {
 KEY_METRICS: list[str] = list(METRIC_FIELDS.values())
 _INT_FIELDS = {"sectors_excessive", "sectors_total", "sectors_ideal", "registers",
                "shared_bank_conflicts"}
-_NAME_COLUMNS = ("Kernel Name", "Function Name", "Name")
 
 
 class KernelMetrics(BaseModel):
@@ -47,6 +47,11 @@ class KernelMetrics(BaseModel):
     registers: int | None = None
     achieved_occupancy: float | None = None
     shared_bank_conflicts: int | None = None
+    # Where the time goes (None where the report has no such metric: see ncu_columns.py).
+    dram_pct: float | None = None     # DRAM throughput, % of peak
+    sm_pct: float | None = None       # SM throughput, % of peak
+    tensor_pct: float | None = None   # the busiest tensor pipe, % of peak while active
+    stalls: dict[str, float] = Field(default_factory=dict)  # top stall reasons: cycles per issued instruction
     # Every metric column of the row (base units), for metrics beyond the key ones.
     values: dict[str, float | None] = Field(default_factory=dict)
     units: dict[str, str] = Field(default_factory=dict)
@@ -67,20 +72,13 @@ def parse_number(text: str) -> float | None:
         return None
 
 
-def _is_metric_column(name: str) -> bool:
-    # ncu metric names are lower-case identifiers (gpu__time_duration.sum,
-    # memory_l2_theoretical_sectors_global); the descriptive columns (ID, Kernel Name,
-    # Block Size, CC, ...) start with a capital.
-    return bool(name) and name[0].islower() and " " not in name
-
-
 def parse_raw_csv(text: str) -> NcuMetrics:
     """Parse the raw CSV page; tolerant of ``==PROF==``/warning lines before the header."""
     rows = list(csv.reader(io.StringIO(text)))
     header_at = None
     for i, row in enumerate(rows):
         names = [c.strip() for c in row]
-        if "ID" in names and any(n in names for n in _NAME_COLUMNS):
+        if "ID" in names and any(n in names for n in NAME_COLUMNS):
             header_at = i
             break
     if header_at is None:
@@ -93,7 +91,7 @@ def parse_raw_csv(text: str) -> NcuMetrics:
     if body and body[0] and body[0][0].strip() == "":
         units = {h: u.strip() for h, u in zip(header, body[0]) if u.strip()}
         body = body[1:]
-    name_col = next(n for n in _NAME_COLUMNS if n in header)
+    name_col = next(n for n in NAME_COLUMNS if n in header)
     kernels: list[KernelMetrics] = []
     for row in body:
         if not row or all(not c.strip() for c in row):
@@ -101,18 +99,34 @@ def parse_raw_csv(text: str) -> NcuMetrics:
         if len(row) != len(header):
             raise NcuError(f"ncu CSV row has {len(row)} cells, header has {len(header)}: {row[:3]}")
         cells = dict(zip(header, (c.strip() for c in row)))
-        values = {h: parse_number(v) for h, v in cells.items() if _is_metric_column(h)}
+        values = {h: parse_number(v) for h, v in cells.items() if is_metric_column(h)}
         fields: dict[str, Any] = {}
         for field_name, metric in METRIC_FIELDS.items():
             v = values.get(metric)
             if v is not None and field_name in _INT_FIELDS:
                 v = int(round(v))
             fields[field_name] = v
+        fields.update(profile_fields(values))
         launch = parse_number(cells.get("ID", ""))
         kernels.append(KernelMetrics(
             name=cells[name_col], launch_id=None if launch is None else int(launch),
             values=values, units={h: units[h] for h in values if h in units}, **fields))
     return NcuMetrics(kernels=kernels)
+
+
+def add_profile(metrics: NcuMetrics, profile: NcuMetrics) -> None:
+    """Merge the profile page's columns into the key metrics' launches, matched by ID."""
+    by_id = {k.launch_id: k for k in profile.kernels if k.launch_id is not None}
+    for k in metrics.kernels:
+        extra = by_id.get(k.launch_id) if k.launch_id is not None else None
+        if extra is None:
+            continue
+        for name, v in extra.values.items():
+            k.values.setdefault(name, v)
+        for name, u in extra.units.items():
+            k.units.setdefault(name, u)
+        for field_name, v in profile_fields(k.values).items():
+            setattr(k, field_name, v)
 
 
 def find_local_ncu() -> str | None:
@@ -154,11 +168,18 @@ def _fmt(v: float | int | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _top_stall(k: KernelMetrics) -> str:
+    if not k.stalls:
+        return "-"
+    reason, cycles = next(iter(k.stalls.items()))
+    return f"{reason[:16]} {cycles:.1f}"
+
+
 def format_table(metrics: NcuMetrics) -> str:
     """Key metrics, one row per launch."""
     cols = [("id", 4), ("kernel", 28), ("dur us", 10), ("excess sect", 12),
             ("total sect", 12), ("ideal sect", 12), ("regs", 5), ("occ %", 6),
-            ("smem confl", 11)]
+            ("smem confl", 11), ("dram %", 6), ("tc %", 5), ("top stall", 22)]
     lines = ["  ".join(f"{c:>{w}}" if i != 1 else f"{c:<{w}}" for i, (c, w) in enumerate(cols))]
     for k in metrics.kernels:
         name = k.name if len(k.name) <= 28 else k.name[:27] + "…"
@@ -166,7 +187,8 @@ def format_table(metrics: NcuMetrics) -> str:
                  _fmt(None if k.duration_ns is None else k.duration_ns / 1000.0, ".3f"),
                  _fmt(k.sectors_excessive, ","), _fmt(k.sectors_total, ","),
                  _fmt(k.sectors_ideal, ","), _fmt(k.registers, "d"),
-                 _fmt(k.achieved_occupancy, ".1f"), _fmt(k.shared_bank_conflicts, ",")]
+                 _fmt(k.achieved_occupancy, ".1f"), _fmt(k.shared_bank_conflicts, ","),
+                 _fmt(k.dram_pct, ".1f"), _fmt(k.tensor_pct, ".1f"), _top_stall(k)]
         lines.append("  ".join(f"{c:>{w}}" if i != 1 else f"{c:<{w}}"
                                for i, (c, (_, w)) in enumerate(zip(cells, cols))))
     if not metrics.kernels:

@@ -18,7 +18,7 @@ from .archive import ArchiveError, pack_directories
 from .capabilities import capabilities_of
 from .client import Client
 from .errors import NcuError, RemoteError, ToolInputError
-from .ncu import KEY_METRICS, NcuMetrics, parse_raw_csv
+from .ncu import KEY_METRICS, NcuMetrics, add_profile, parse_raw_csv
 from .outcome import Outcome
 from .program import Program
 from .protocol.error_kind import ErrorKind
@@ -165,6 +165,7 @@ class NcuResult(ToolRun):
     csv: str | None = None
     import_exit_code: int | None = None
     import_stderr: str = ""
+    profile_csv: str | None = None  # the raw page's profile columns (kcoral/ncu_columns.py)
     metrics: NcuMetrics = Field(default_factory=NcuMetrics)
     metrics_error: str | None = None  # why the CSV could not be parsed, if it could not
 
@@ -242,6 +243,11 @@ def run_ncu(client: Client, sends: Sequence[SendSpec], app: Sequence[str],
             res.metrics = parse_raw_csv(res.csv)
         except NcuError as exc:
             res.metrics_error = str(exc)
+        if res.profile_csv:
+            try:
+                add_profile(res.metrics, parse_raw_csv(res.profile_csv))
+            except NcuError:
+                pass  # the profile columns are extra: the key metrics stand without them
     elif res.report is None:
         res.metrics_error = "ncu wrote no report"
     return res

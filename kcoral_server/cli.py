@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(p, "--max-processes", "max_processes", int, "processes per request, RLIMIT_NPROC")
     _setting(p, "--max-file-bytes", "max_file_bytes", int, "largest file a request writes")
     _setting(p, "--workspace-bytes", "workspace_bytes", int, "size of a request's tmpfs: its workspace, /tmp and /dev/shm")
+    p.add_argument("--request-memory-bytes", dest="request_memory_bytes", type=int, default=_default("request_memory_bytes"),
+                   help="memory all of a request's processes may hold together, tmpfs pages included, through a "
+                        "memory cgroup per request (default: three quarters of the machine's memory shared "
+                        "among the worker slots; 0: no cgroup)")
     p.add_argument("--trusted-cache", metavar="DIR",
                    help="a folder of compile caches that trusted code in requests may read (a bench's "
                         "baseline host starts from its Triton cache instead of compiling fla each time), "

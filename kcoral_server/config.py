@@ -37,6 +37,8 @@ class ServerConfig(BaseModel):
     max_processes: int = Field(256, ge=0)          # RLIMIT_NPROC per request (0: none)
     max_file_bytes: int = Field(1 * GiB, ge=0)     # RLIMIT_FSIZE per request (0: none)
     workspace_bytes: int = Field(2 * GiB, ge=1 << 20)  # the request's tmpfs: workspace, /tmp and /dev/shm
+    # all of a request's processes together, a memory cgroup each (None: 3/4 of the memory over the slots; 0: none)
+    request_memory_bytes: int | None = Field(None, ge=0)
     trusted_cache: str | None = None         # compile caches trusted code in requests may read (a bench's baseline)
     pin_cpus: bool = True                    # each worker slot's programs on their own share of the CPUs
     node_id: str | None = Field(None, min_length=1, max_length=128)  # set when joined to a router

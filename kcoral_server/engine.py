@@ -34,6 +34,7 @@ from .joinconfig import NodeStatus
 from .journal import Journal, StoredResponse
 from .execute_body import ParsedRequest, check_tensor_size, parse_execute_body
 from . import cpusets, privs
+from .memcg import RequestCgroups
 from .pool import WorkerHandle, WorkerPool, WorkerRun, WorkerSpec
 from .reply import Reply, error_reply
 from .reqlog import RequestLog, log_event, log_request
@@ -84,9 +85,10 @@ class Engine:
         self.leases = LeaseScheduler(gpu_ids) if gpu_ids else None
         self.gpu_ids = gpu_ids
         self.sandbox = self._sandbox_policy()
+        self.cgroups = None if config.request_memory_bytes == 0 else RequestCgroups.open(config.request_memory_bytes, len(self.specs))
         self._base_env = self._worker_env()
         self.pool = WorkerPool(self.specs, self._env_for, self.run_root, self.leases, self.sandbox,
-                               Zygote(self._zygote_env(), self.run_root))
+                               Zygote(self._zygote_env(), self.run_root), self.cgroups)
         self.target = target_arch(gpu_ids) if self.backend == "gpu" else {}
         self.versions = versions(self.backend == "gpu")
         self.active = 0
@@ -175,7 +177,11 @@ class Engine:
         self._prune_task = asyncio.get_running_loop().create_task(self._prune_loop())
         log_event("server_started", instance_id=self.instance_id, backend=self.backend,
                   workers=len(self.specs), gpus=self.gpu_ids, run_root=self.run_root,
-                  sandbox=self.sandbox.describe())
+                  sandbox=self._sandbox_described())
+
+    def _sandbox_described(self) -> dict[str, Any]:
+        """The sandbox, and the memory cgroup each request gets (None: none)."""
+        return {**self.sandbox.describe(), "request_memory": self.cgroups.describe() if self.cgroups else None}
 
     def _env_for(self, spec: WorkerSpec) -> dict[str, str]:
         """CUDA_VISIBLE_DEVICES is per worker, fixed before the worker imports CuPy."""
@@ -197,6 +203,8 @@ class Engine:
         if task:
             task.cancel()
         await self.pool.close()
+        if self.cgroups is not None:
+            self.cgroups.close()
         self.blobs.close()
         shutil.rmtree(self.run_root, ignore_errors=True)
 
@@ -227,7 +235,7 @@ class Engine:
                      for g in self.gpu_ids],
             "workers": self.pool.describe(),
             "blob_cache": {"blobs": len(self.blobs), "bytes": self.blobs.used_bytes, "capacity": self.blobs.capacity},
-            "sandbox": self.sandbox.describe(),
+            "sandbox": self._sandbox_described(),
             "extensions": list(SERVER_EXTENSIONS),
         }
 
@@ -532,6 +540,8 @@ class Engine:
         if run.too_large:
             log.fields["status"] = "TOO_LARGE"
             return error_reply(500, ErrorKind.RESPONSE_TOO_LARGE, f"results exceed {self.config.max_response_bytes} bytes", rid, **common)
+        if run.oom_kills:
+            log.fields["oom_kills"] = run.oom_kills
         status, error = _outcome(program, run)
         result = _result_body(program, ran, status, error, rid, {**common, **timings}, output)
         log.fields["status"] = status
@@ -595,11 +605,16 @@ def _timeout_reply(program: ProgramSpec, run: WorkerRun, rid: str, fields: dict[
 def _outcome(program: ProgramSpec, run: WorkerRun) -> tuple[str, dict[str, Any] | None]:
     """The program's status and error; a crashed worker is a FAILED `runtime` error at the
     instruction it was running."""
-    if run.crashed is None:
-        return run.status, run.error
-    op, ins_id = _instruction_info(program, run.index)
-    return "FAILED", {"kind": ErrorKind.RUNTIME, "message": run.crashed, "instruction_index": run.index,
-                      "instruction_op": op, "instruction_id": ins_id, "traceback": ""}
+    error = run.error
+    if run.crashed is not None:
+        op, ins_id = _instruction_info(program, run.index)
+        error = {"kind": ErrorKind.RUNTIME, "message": run.crashed, "instruction_index": run.index,
+                 "instruction_op": op, "instruction_id": ins_id, "traceback": ""}
+    if error is not None and run.oom_kills:
+        # The program saw only a process killed; say by whom.
+        error = {**error, "message": f"{error.get('message', '')} ({run.oom_kills} of the request's processes killed "
+                                     f"by the kernel: together they reached the request's memory limit)"}
+    return ("FAILED" if run.crashed is not None else run.status), error
 
 
 def _result_body(program: ProgramSpec, ran: _Ran, status: str, error: dict[str, Any] | None, rid: str,

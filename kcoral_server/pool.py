@@ -22,6 +22,7 @@ from . import fdwait
 from . import sandbox as sandbox_paths
 from .builtins import MAX_HOLDOUT_SEEDS
 from .channel import FDS_PER_MESSAGE, AsyncChannel, FrameTooLarge
+from .memcg import RequestCgroup, RequestCgroups
 from .reqlog import log_event
 from .sandbox import SandboxMode, SandboxPolicy
 from .sandboxproc import SandboxProcess
@@ -58,14 +59,16 @@ class WorkerRun:
     lease_held_ms: float = 0.0
     too_large: bool = False
     bad_blobs: list[str] = field(default_factory=list)
+    oom_kills: int = 0  # processes the kernel killed for the request's memory limit
 
 
 class WorkerHandle:
-    """One single-use worker: its sandbox (a bwrap process), the launcher's status pipe,
-    its channels and its capture files (host-side, outside the sandbox)."""
+    """One single-use worker: its sandbox (a bwrap process), its memory cgroup, the
+    launcher's status pipe, its channels and its capture files (host-side, outside the
+    sandbox)."""
 
     def __init__(self, spec: WorkerSpec, env: dict[str, str], run_root: str, sandbox: SandboxPolicy,
-                 zygote: Zygote) -> None:
+                 zygote: Zygote, cgroups: RequestCgroups | None = None) -> None:
         self.spec = spec
         self.env = env
         self.run_root = run_root
@@ -75,6 +78,9 @@ class WorkerHandle:
         self.fd_sock: socket.socket | None = None
         self.box: SandboxProcess | None = None
         self.pid: int | None = None  # the worker's pid (the server's PID namespace)
+        self._pid_known = asyncio.Event()
+        self.cgroups = cgroups
+        self.cgroup: RequestCgroup | None = None
         self.exited: asyncio.Future[int | str] = asyncio.get_running_loop().create_future()
         self._status_task: asyncio.Task[None] | None = None
         self.dir = ""
@@ -147,8 +153,22 @@ class WorkerHandle:
             raise RuntimeError(f"worker {self.worker_id} did not start: {why}") from exc
         if msg.get("t") != "ready":
             raise RuntimeError(f"worker {self.worker_id} sent {msg!r} instead of ready")
+        if self.cgroups is not None:
+            await self._enter_cgroup(self.cgroups)
         self.started_at = time.time()
         self.status = "idle"
+
+    async def _enter_cgroup(self, cgroups: RequestCgroups) -> None:
+        """Move the worker, ready and still without a program, into a memory cgroup of its
+        own: whatever the program forks is born inside. The launcher reports the pid
+        before the worker can send `ready`, but on another pipe."""
+        try:
+            await asyncio.wait_for(self._pid_known.wait(), 10)
+        except TimeoutError:
+            raise RuntimeError(f"worker {self.worker_id}: its pid was never reported") from None
+        assert self.pid is not None
+        self.cgroup = cgroups.new(f"slot{self.spec.slot}")
+        self.cgroup.add(self.pid)
 
     async def _read_status(self, fd: int) -> None:
         """The launcher's reports: `pid N`, then `exit CODE` or `error MESSAGE`. The pipe is
@@ -160,6 +180,7 @@ class WorkerHandle:
                 word, _, rest = line.partition(" ")
                 if word == "pid" and rest.isdigit():
                     self.pid = int(rest)
+                    self._pid_known.set()
                 elif word == "exit":
                     self._set_exit(int(rest))
                 elif word == "error":
@@ -214,6 +235,18 @@ class WorkerHandle:
             self.fd_sock = None
         if self.box is not None:
             await self.box.wait()
+        if self.cgroup is not None:
+            await self._remove_cgroup(self.cgroup)
+
+    async def _remove_cgroup(self, cgroup: RequestCgroup) -> None:
+        """Once its killed processes have left it (a few milliseconds; without a PID
+        namespace, as they exit); one still busy is left to the server's close."""
+        self.cgroup = None
+        for _ in range(200):
+            if cgroup.remove(attempts=1):
+                return
+            await asyncio.sleep(0.01)
+        log_event("cgroup_not_removed", worker_id=self.worker_id, path=str(cgroup.path))
 
     def remove_files(self) -> None:
         if self.dir:
@@ -259,6 +292,8 @@ class WorkerHandle:
         finally:
             self.end()  # single use: whatever happened, every process of the request dies now
             talk.release()
+            if self.cgroup is not None:
+                res.oom_kills = self.cgroup.oom_kills()
         return res
 
 
@@ -393,8 +428,10 @@ class WorkerPool:
     its successors are started ahead of need, so one is usually ready when it ends."""
 
     def __init__(self, specs: list[WorkerSpec], env_for: Callable[[WorkerSpec], dict[str, str]], run_root: str,
-                 leases: LeaseScheduler | None, sandbox: SandboxPolicy, zygote: Zygote) -> None:
+                 leases: LeaseScheduler | None, sandbox: SandboxPolicy, zygote: Zygote,
+                 cgroups: RequestCgroups | None = None) -> None:
         self.env_for = env_for
+        self.cgroups = cgroups
         self.run_root = run_root
         self.leases = leases
         self.sandbox = sandbox
@@ -418,7 +455,7 @@ class WorkerPool:
         await self.zygote.ensure()
 
         async def first(slot: _Slot) -> WorkerHandle:
-            w = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote)
+            w = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote, self.cgroups)
             try:
                 await w.start()
             except BaseException:
@@ -457,7 +494,7 @@ class WorkerPool:
         delay = 0.5
         try:
             while not self.closing:
-                fresh = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote)
+                fresh = WorkerHandle(slot.spec, self.env_for(slot.spec), self.run_root, self.sandbox, self.zygote, self.cgroups)
                 try:
                     await fresh.start()
                 except Exception as exc:  # noqa: BLE001 - keep trying; log why

@@ -16,7 +16,7 @@ from evolve.vocabulary import EvaluationStatus, Stage
 LOG_TAIL_CHARS = 16 * 1024     # per stream in the report; `evolve show ID --logs` has them whole
 LINEAGE_DEPTH = 8
 NCU_FIELDS = ("duration_ns", "sectors_excessive", "sectors_total", "registers", "achieved_occupancy",
-              "shared_bank_conflicts")
+              "shared_bank_conflicts", "dram_pct", "sm_pct", "tensor_pct", "stalls")
 
 
 @dataclass(frozen=True)
@@ -132,9 +132,16 @@ def _ncu(evaluations: list[Evaluation]) -> tuple[list[dict[str, Any]], list[str]
     kernels = done[-1].metrics.get("kernels") if done else None
     if not isinstance(kernels, list):
         return [], []
-    rows = [k for k in kernels if isinstance(k, dict)]
+    rows = [{**k, "stalls": _stalls_text(k.get("stalls"))} for k in kernels if isinstance(k, dict)]
     columns = [f for f in NCU_FIELDS if any(r.get(f) is not None for r in rows)]
     return rows, columns
+
+
+def _stalls_text(stalls: object) -> str | None:
+    """`long_scoreboard 3.2, barrier 1.1`: cycles stalled per issued instruction, top first."""
+    if not isinstance(stalls, dict) or not stalls:
+        return None
+    return ", ".join(f"{reason} {value:.1f}" for reason, value in stalls.items() if isinstance(value, (int, float)))
 
 
 def _iket(evaluations: list[Evaluation]) -> list[IketTable]:

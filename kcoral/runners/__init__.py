@@ -3,8 +3,8 @@
 An uploaded module must run on any KCoral server, including one without this package,
 so it is assembled from files into one standard-library-only source (a *bundle*): the
 tool runner from ``sandboxed.py`` (what runs inside a sandbox: path rules, no-follow
-opens, safe unpacking, process-tree kill), ``kcoral/iket.py`` (trace conversion) and
-``tool_runner.py`` (the entry points); the bench runner from ``sandboxed.py`` and the
+opens, safe unpacking, process-tree kill), ``kcoral/iket.py`` (trace conversion),
+``kcoral/ncu_columns.py`` (the profile columns of an Nsight Compute page) and ``tool_runner.py`` (the entry points); the bench runner from ``sandboxed.py`` and the
 judge's ``runner.py``. Each part is executed as its own module inside the upload, so
 ``from __future__`` imports and dataclasses keep working, and one implementation serves
 both sides.
@@ -19,6 +19,7 @@ from importlib import resources
 TOOL_PARTS: tuple[tuple[str, str, str], ...] = (
     ("sandboxed", "kcoral.runners", "sandboxed.py"),
     ("iket", "kcoral", "iket.py"),
+    ("ncu_columns", "kcoral", "ncu_columns.py"),
     ("tool_runner", "kcoral.runners", "tool_runner.py"),
 )
 TOOL_ENTRY_POINTS: tuple[str, ...] = ("run_python", "run_ncu", "run_iket")

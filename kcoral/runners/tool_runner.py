@@ -22,8 +22,10 @@ import time
 try:  # inside the uploaded bundle the sibling files are injected by the prelude
     _sandboxed = _KCORAL_EMBEDDED["sandboxed"]  # type: ignore[name-defined]
     _iket = _KCORAL_EMBEDDED["iket"]  # type: ignore[name-defined]
+    _ncu_columns = _KCORAL_EMBEDDED["ncu_columns"]  # type: ignore[name-defined]
 except NameError:  # imported as a normal module (tests, local use)
     from kcoral import iket as _iket
+    from kcoral import ncu_columns as _ncu_columns
     from kcoral.runners import sandboxed as _sandboxed
 
 # Never taken from the client: the server assigns the GPU through its own environment.
@@ -321,6 +323,7 @@ def run_ncu(archive: bytes, spec: dict) -> dict:
         result["report"] = None
         result["csv"] = None
         result["import_stderr"] = ""
+        result["profile_csv"] = None
         if os.path.isfile(report):
             result["report"] = _read_under(ws.base, "scratch/report.ncu-rep")
             left = max(5.0, deadline - time.monotonic())
@@ -330,6 +333,12 @@ def run_ncu(archive: bytes, spec: dict) -> dict:
             result["csv"] = imp["stdout"]
             result["import_exit_code"] = imp["exit_code"]
             result["import_stderr"] = imp["stderr"]
+            # Best effort, never the tool's failure: the whole raw page, cut to the profile
+            # metrics (kcoral/ncu.py says why they are matched rather than named).
+            left = max(5.0, deadline - time.monotonic())
+            page = _run([ncu, "--import", report, "--page", "raw", "--csv", "--print-units", "base"],
+                        ws.run_dir, env, left, _fresh(ws.scratch, "profile"), 64 << 20)
+            result["profile_csv"] = _ncu_columns.profile_columns(page["stdout"]) if page["exit_code"] == 0 else None
     result["ignored_env"] = ignored
     return result
 

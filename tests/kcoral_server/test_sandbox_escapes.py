@@ -389,8 +389,10 @@ def test_a_daemon_left_by_a_crashed_program_neither_survives_nor_holds_the_reque
 
 
 # ---------------------------------------------------------------------- bounded resources
+REQUEST_MEMORY = 384 << 20
 LIMITS = ["--workspace-bytes", str(32 << 20), "--max-file-bytes", str(16 << 20),
-          "--max-memory-bytes", str(1 << 30), "--max-processes", "64"]
+          "--max-memory-bytes", str(1 << 30), "--max-processes", "64",
+          "--request-memory-bytes", str(REQUEST_MEMORY)]
 
 
 @pytest.fixture(scope="module")
@@ -464,6 +466,46 @@ def test_the_memory_limit_counts_what_a_request_adds_to_its_worker() -> None:
     with ServerProcess(["--cpu-workers", "1"] + small, env={"KCORAL_SERVER_TOKEN": TOKEN}) as srv:
         assert _run(srv, alloc, args=[32]).raise_for_failure().results["out"] == 32
         assert _run(srv, alloc, args=[256]).raise_for_failure().results["out"] == "refused"
+
+
+def _request_cgroups(srv: ServerProcess) -> Path:
+    """The server's folder of request cgroups (the test shares the server's own cgroup)."""
+    from kcoral_server.memcg import PREFIX, _locate
+
+    if srv.health()["sandbox"]["request_memory"] is None:
+        pytest.skip("no writable memory cgroup on this machine: the server runs without one")
+    assert srv.proc is not None
+    return _locate().own / f"{PREFIX}{srv.proc.pid}"
+
+
+def test_what_a_requests_processes_hold_together_is_bounded(limited) -> None:
+    # Each process under its address-space limit, four of them held 640 MiB together: up
+    # to --max-processes times the limit was within a request's reach. Here the request's
+    # memory cgroup (384 MiB) has the kernel kill one, and the answer says so.
+    _request_cgroups(limited)
+    hold = ("import subprocess, sys\n"
+            "def main():\n"
+            "    code = 'import time; b = b\"x\" * (160 << 20); time.sleep(3)'\n"
+            "    kids = [subprocess.Popen([sys.executable, '-c', code]) for _ in range(4)]\n"
+            "    codes = [k.wait() for k in kids]\n"
+            "    if any(codes):\n"
+            "        raise RuntimeError(f'children ended with {codes}')\n"
+            "    return codes\n")
+    res = _run(limited, hold, timeout=60)
+    assert res.status == "FAILED", f"640 MiB held across four processes was accepted: {res.results}"
+    assert "-9" in res.error.message and "memory limit" in res.error.message, res.error.message
+    assert limited.health()["sandbox"]["request_memory"]["limit_bytes"] == REQUEST_MEMORY
+
+
+def test_request_cgroups_go_with_their_requests(limited) -> None:
+    folder = _request_cgroups(limited)
+    for _ in range(6):
+        _run(limited, "def main():\n    return 1\n").raise_for_failure()
+    live = 1 + 2  # the slot's worker and the two started ahead of need (pool.AHEAD)
+    deadline = time.monotonic() + 10
+    while len(left := [p for p in folder.iterdir() if p.is_dir()]) > live and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(left) <= live, sorted(p.name for p in left)
 
 
 def test_processes_are_bounded(limited) -> None:

@@ -32,7 +32,7 @@ def _new_loop(kind: str) -> asyncio.AbstractEventLoop:
 @pytest.mark.parametrize("kind", LOOPS)
 def test_the_status_pipe_is_closed_once_and_steals_no_descriptor(kind, tmp_path) -> None:
     exits: list = []
-    worker = SimpleNamespace(pid=None, _set_exit=lambda v: exits.append(v))
+    worker = SimpleNamespace(pid=None, _pid_known=asyncio.Event(), _set_exit=lambda v: exits.append(v))
     bystanders: list[int] = []
 
     async def main() -> None:

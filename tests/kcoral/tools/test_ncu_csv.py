@@ -91,3 +91,19 @@ def test_report_needs_local_ncu(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no ncu here
     with pytest.raises(NcuError, match="needs Nsight Compute"):
         load_metrics(rep)
+
+
+def test_profile_fields_under_the_other_generations_names() -> None:
+    from kcoral.ncu_columns import profile_fields
+
+    got = profile_fields({"smsp__average_warp_latency_issue_stalled_barrier.ratio": 3.0,
+                          "smsp__average_warp_latency_issue_stalled_wait.ratio": 5.0,
+                          "sm__inst_executed_pipe_tensor.avg.pct_of_peak_sustained_active": 12.0,
+                          "gpu__time_duration.sum": 1.0})
+    assert got == {"dram_pct": None, "sm_pct": None, "tensor_pct": 12.0, "stalls": {"wait": 5.0, "barrier": 3.0}}
+
+
+def test_a_page_without_profile_columns_has_none() -> None:
+    (k, _) = parse_raw_csv(CSV).kernels
+    assert (k.dram_pct, k.tensor_pct, k.stalls) == (None, None, {})
+    assert "dram %" in format_table(parse_raw_csv(CSV))

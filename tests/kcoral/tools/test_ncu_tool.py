@@ -87,3 +87,22 @@ def test_server_without_ncu_fails_clearly(url: str, tmp_path: Path, capsys) -> N
                  "-e", "PATH=/nonexistent", "--", "python", "capture.py"])
     assert code == EXIT_TOOL_FAILURE
     assert "ncu (Nsight Compute) was not found on the server" in capsys.readouterr().err
+
+
+def test_where_the_time_goes_comes_back_without_being_asked_for(client, tmp_path: Path) -> None:
+    # DRAM and SM throughput, the tensor pipes and the stall reasons are read from the
+    # report's whole raw page, cut on the server to those columns; none of them is in
+    # --metrics, where a name this ncu does not know would fail the capture.
+    d = _capture_dir(tmp_path)
+    r = run_ncu(client, [SendSpec(d)], app=["python", "capture.py"], ncu_args=["--set", "full"], timeout=60)
+    argv = json.loads(r.report)["argv"]
+    assert "dram__" not in argv[argv.index("--metrics") + 1]
+    k, prep = r.metrics.kernels
+    assert (k.dram_pct, k.sm_pct) == (71.25, 40.1)
+    assert k.tensor_pct == 27.75  # the busiest pipe by active cycles (instruction shares: a fallback)
+    assert list(k.stalls) == ["long_scoreboard", "barrier", "short_scoreboard", "math_pipe_throttle"]
+    assert prep.stalls["math_pipe_throttle"] == 4.0 and "selected" not in prep.stalls
+    assert "device__attribute_max_threads_per_block" not in k.values  # cut on the server
+    assert k.sectors_excessive == 190464 and r.metrics_error is None
+    assert r.profile_csv is not None and len(r.profile_csv) < len(
+        (Path(__file__).parent / "fixtures" / "ncu_raw_full_page_synthetic.csv").read_text())

@@ -6,7 +6,9 @@ directory put first on the test server's PATH. It is not a profiler.
   as measured on an H200), runs APP, and writes a canned "report" (JSON holding the argv it was
   given) to the --export path. `--kernel-name nomatch` profiles nothing (no report).
 - Import mode (`ncu --import R --page raw --csv ...`): prints the canned raw CSV of
-  fixtures/ncu_raw_two_launches.csv (two launches), after checking R is its own report.
+  fixtures/ncu_raw_two_launches.csv (two launches), after checking R is its own report;
+  without `--metrics`, the whole page: fixtures/ncu_raw_full_page_synthetic.csv, the same
+  launches with made-up profile columns (and columns no reader keeps) beside them.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ WITH_VALUE = {"--export", "-o", "--metrics", "--clock-control", "--set", "--laun
               "--target-processes", "--replay-mode", "--kernel-name-base", "--page",
               "--print-units", "--import", "--nvtx-include"}
 FLAGS = {"--force-overwrite", "-f", "--csv"}
-CSV_FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "fixtures",
-                           "ncu_raw_two_launches.csv")
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "fixtures")
+CSV_FIXTURE = os.path.join(FIXTURES, "ncu_raw_two_launches.csv")
+FULL_PAGE_FIXTURE = os.path.join(FIXTURES, "ncu_raw_full_page_synthetic.csv")
 
 
 def parse(argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
@@ -59,7 +62,7 @@ def main() -> int:
             if json.load(fh).get("marker") != MARKER:
                 print("==ERROR== not a report", file=sys.stderr)
                 return 1
-        with open(CSV_FIXTURE) as fh:
+        with open(CSV_FIXTURE if "--metrics" in opts else FULL_PAGE_FIXTURE) as fh:
             sys.stdout.write(fh.read())
         return 0
     if not app:

@@ -1,0 +1,221 @@
+"""A memory cgroup per request: what all of a request's processes hold together, bounded.
+
+RLIMIT_AS bounds one process's address space, and a request may run up to
+`--max-processes` processes: together they could hold that many times the limit, plus the
+pages of its tmpfs, and push the machine into the kernel's OOM killer, which may then pick
+the server or the other slot's request. So each worker is moved, once it is ready and
+before it receives its program, into a cgroup of its own under one the server makes at
+start; every process the program forks inherits it. Over the request's limit the kernel
+reclaims, then kills the cgroup's largest process, and nothing outside it.
+
+Either hierarchy: cgroup v1's memory controller, or v2 where the server's cgroup lets its
+children have `memory` (a delegated cgroup). Where neither is writable (an unprivileged
+server, most containers' own cgroup) the server logs why once and runs without it.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .reqlog import log_event
+
+PREFIX = "kcoral-server-"   # the server's folder: kcoral-server-<pid>
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the memory controller is, and its file names in that hierarchy."""
+
+    version: int
+    own: Path  # the server's own cgroup
+
+    @property
+    def limit_file(self) -> str:
+        return "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+
+    @property
+    def swap_file(self) -> str:
+        return "memory.memsw.limit_in_bytes" if self.version == 1 else "memory.swap.max"
+
+    @property
+    def events_file(self) -> str:
+        return "memory.oom_control" if self.version == 1 else "memory.events"
+
+
+def _mounts() -> list[tuple[str, str, list[str]]]:
+    """(mount point, type, options) of every cgroup hierarchy this process sees."""
+    found = []
+    with open("/proc/self/mounts") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
+                found.append((parts[1].replace("\\040", " "), parts[2], parts[3].split(",")))
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """/proc/self/cgroup as {controller or "" for v2: path}."""
+    paths: dict[str, str] = {}
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for c in controllers.split(",") if controllers else [""]:
+                paths[c] = path
+    return paths
+
+
+def _locate() -> _Layout:
+    """The hierarchy that has the memory controller, and our cgroup in it."""
+    mounts, own = _mounts(), _own_paths()
+    for point, kind, options in mounts:
+        if kind == "cgroup" and "memory" in options and "memory" in own:
+            return _Layout(1, Path(point) / own["memory"].lstrip("/"))
+    for point, kind, _ in mounts:
+        if kind == "cgroup2" and "" in own:
+            path = Path(point) / own[""].lstrip("/")
+            if "memory" in (path / "cgroup.controllers").read_text().split():
+                return _Layout(2, path)
+    raise OSError(errno.ENOENT, "no cgroup hierarchy with the memory controller is mounted")
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def _machine_bytes(layout: _Layout) -> int:
+    """The memory this server may use: the machine's, or its own cgroup's limit if lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        text = (layout.own / layout.limit_file).read_text().strip()
+        if text.isdigit():
+            total = min(total, int(text))
+    except OSError:
+        pass
+    return total
+
+
+def default_limit(total_bytes: int, slots: int) -> int:
+    """Three quarters of the memory shared by the slots (a quarter left to the server, its
+    blob cache and the system), at least 1 GiB."""
+    return max(GiB, total_bytes * 3 // 4 // max(1, slots) // (1 << 20) * (1 << 20))
+
+
+class RequestCgroups:
+    """The server's folder of request cgroups (kcoral-server-<pid> under its own cgroup)."""
+
+    def __init__(self, layout: _Layout, root: Path, limit_bytes: int) -> None:
+        self.layout = layout
+        self.root = root
+        self.limit_bytes = limit_bytes
+        self._count = 0
+
+    @property
+    def version(self) -> int:
+        return self.layout.version
+
+    @classmethod
+    def open(cls, limit_bytes: int | None, slots: int) -> "RequestCgroups | None":
+        """None (and a warning) where no memory cgroup can be made; `limit_bytes` None: the
+        default share of this machine's memory."""
+        try:
+            layout = _locate()
+            if limit_bytes is None:
+                limit_bytes = default_limit(_machine_bytes(layout), slots)
+            _sweep(layout.own)
+            root = layout.own / f"{PREFIX}{os.getpid()}"
+            root.mkdir(exist_ok=True)
+            if layout.version == 2:
+                # Children get the memory files only if the parent hands the controller down.
+                _write(root / "cgroup.subtree_control", "+memory")
+            self = cls(layout, root, limit_bytes)
+            self.new("probe").remove()  # a limit that cannot be set fails here, not per request
+            return self
+        except OSError as exc:
+            log_event("request_memory_unbounded", reason=f"no memory cgroup per request: {exc}")
+            return None
+
+    def new(self, name: str) -> "RequestCgroup":
+        self._count += 1
+        path = self.root / f"{name}-{self._count}"
+        path.mkdir()
+        try:
+            _write(path / self.layout.limit_file, str(self.limit_bytes))
+            swap = path / self.layout.swap_file
+            if swap.exists():  # no swapping past the limit (absent without swap accounting)
+                _write(swap, str(self.limit_bytes) if self.layout.version == 1 else "0")
+        except OSError:
+            _rmdir(path)
+            raise
+        return RequestCgroup(path, self.layout)
+
+    def close(self) -> None:
+        _remove_tree(self.root)
+
+    def describe(self) -> dict[str, object]:
+        return {"version": self.version, "limit_bytes": self.limit_bytes}
+
+
+class RequestCgroup:
+    """One request's cgroup."""
+
+    def __init__(self, path: Path, layout: _Layout) -> None:
+        self.path = path
+        self.layout = layout
+
+    def add(self, pid: int) -> None:
+        """Move a process (with its threads) in; what it forks afterwards is born inside."""
+        _write(self.path / "cgroup.procs", str(pid))
+
+    def oom_kills(self) -> int:
+        """Processes the kernel killed for this cgroup's limit (0 if unreadable)."""
+        try:
+            for line in (self.path / self.layout.events_file).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+        except OSError:
+            pass
+        return 0
+
+    def remove(self, attempts: int = 50) -> bool:
+        """rmdir, once the killed processes have left (they do as they exit)."""
+        return _rmdir(self.path, attempts)
+
+
+def _rmdir(path: Path, attempts: int = 1) -> bool:
+    for i in range(attempts):
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or i == attempts - 1:
+                return False
+            time.sleep(0.01)
+    return False
+
+
+def _remove_tree(root: Path) -> bool:
+    """A server's folder and its request cgroups, where no process is left in them."""
+    try:
+        children = [p for p in root.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    ok = all([_rmdir(child, 20) for child in children])
+    return _rmdir(root, 20) and ok
+
+
+def _sweep(own: Path) -> None:
+    """Folders left by servers that died without removing theirs."""
+    for entry in own.glob(f"{PREFIX}*"):
+        pid = entry.name[len(PREFIX):]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            _remove_tree(entry)
