@@ -1,14 +1,19 @@
 """The one content digest of a candidate folder, and the check that a folder still holds it.
 
 Rendered candidates are named by this digest and agent candidates are registered under it,
-so a rendered folder registered as-is is the same candidate. A stage runs a candidate's
-folder as it is on disk, so every stage first checks that the folder still holds the
-sources the candidate was registered with: an edited folder is a new candidate.
+so a rendered folder registered as-is is the same candidate. A stage never runs the folder
+itself: it runs a private copy written from the very bytes digested (`snapshot`), refused
+unless they are the sources the candidate was registered with. An edited folder is a new
+candidate, and a file swapped while a stage reads the folder changes nothing that runs.
+Folders are read through directory descriptors, never through a link.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from evolve.vocabulary import FailureKind
@@ -27,37 +32,118 @@ class SourcesChanged(RuntimeError):
     kind = FailureKind.CHECK  # the failure kind a stage records for it
 
 
-def _files(root: Path) -> list[tuple[str, Path]]:
-    if root.is_symlink() or not root.is_dir():
-        raise DigestError(f"{root} is not a directory")
-    files: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        for name in dirnames:
-            if (here / name).is_symlink():
-                raise DigestError(f"{here / name} is a symbolic link; copy the files instead")
-        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
-        for name in filenames:
-            path = here / name
-            if path.is_symlink():
-                raise DigestError(f"{path} is a symbolic link; copy the file instead")
-            if not path.is_file():
-                raise DigestError(f"{path} is not a regular file")
-            files.append((path.relative_to(root).as_posix(), path))
-    # Ordered by path components, as rendered folders were always named: their names stay valid.
-    return sorted(files, key=lambda item: item[1].relative_to(root).parts)
+def _open_dir(name: str | Path, dir_fd: int | None = None) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise DigestError(f"{name} is not a directory (or is a symbolic link)") from None
+        raise
+
+
+def _files(root: Path) -> list[tuple[str, ...]]:
+    """Every file's path components beneath `root`, ordered by them. Walked through
+    directory descriptors without following a link: a folder swapped for a link mid-walk
+    is refused, not followed out of the candidate."""
+    found: list[tuple[str, ...]] = []
+
+    def walk(fd: int, parts: tuple[str, ...]) -> None:
+        for name in sorted(os.listdir(fd)):
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            where = root.joinpath(*parts, name)
+            if stat.S_ISLNK(st.st_mode):
+                raise DigestError(f"{where} is a symbolic link; copy the file instead")
+            if stat.S_ISDIR(st.st_mode):
+                if name in IGNORED_DIRS:
+                    continue
+                sub = _open_dir(name, dir_fd=fd)
+                try:
+                    walk(sub, (*parts, name))
+                finally:
+                    os.close(sub)
+            elif stat.S_ISREG(st.st_mode):
+                found.append((*parts, name))
+            else:
+                raise DigestError(f"{where} is not a regular file")
+
+    top = _open_dir(root)
+    try:
+        walk(top, ())
+    finally:
+        os.close(top)
+    return sorted(found)
+
+
+def _open_file(root: Path, parts: tuple[str, ...]) -> tuple[int, int]:
+    """(descriptor, size) of a regular file beneath `root`, its folders opened one by one
+    without following a link (nothing outside the candidate is ever read)."""
+    fd = _open_dir(root)
+    try:
+        for name in parts[:-1]:
+            sub = _open_dir(name, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        try:
+            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise DigestError(f"{root.joinpath(*parts)} is a symbolic link; copy the file instead") from None
+            raise
+    finally:
+        os.close(fd)
+    st = os.fstat(f)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(f)
+        raise DigestError(f"{root.joinpath(*parts)} is not a regular file")
+    return f, st.st_size
+
+
+def _chunks(fd: int, size: int) -> Iterator[bytes]:
+    """The file's `size` bytes (what fstat said when it was opened); a file that grew or
+    shrank meanwhile is refused, so a length prefix never disagrees with the bytes."""
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        left -= len(chunk)
+        yield chunk
+    if left != 0 or os.read(fd, 1):
+        raise DigestError("a file changed size while it was read")
 
 
 def source_digest(root: str | Path, exclude: tuple[str, ...] = (PARAMS_FILE,)) -> str:
     """SHA-256 over every file's relative path and bytes (params.json and __pycache__ left out)."""
+    return _copy_and_digest(Path(root), None, exclude)
+
+
+def _copy_and_digest(root: Path, dest: Path | None, exclude: tuple[str, ...] = (PARAMS_FILE,)) -> str:
+    """The digest of `root`; with `dest`, every file is also written there from the very
+    bytes hashed (params.json included: it is copied, not digested)."""
     h = hashlib.sha256()
-    for rel, path in _files(Path(root)):
-        if rel in exclude:
-            continue
-        data = path.read_bytes()
-        # Length-prefix both fields so no two different trees hash alike.
-        h.update(f"{len(rel)}:{rel}:{len(data)}:".encode())
-        h.update(data)
+    for parts in _files(root):
+        rel = "/".join(parts)
+        fd, size = _open_file(root, parts)
+        try:
+            out = None
+            if dest is not None:
+                target = dest.joinpath(*parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                out = open(target, "xb")
+            try:
+                if rel not in exclude:
+                    # Length-prefix both fields so no two different trees hash alike.
+                    h.update(f"{len(rel)}:{rel}:{size}:".encode())
+                for chunk in _chunks(fd, size):
+                    if rel not in exclude:
+                        h.update(chunk)
+                    if out is not None:
+                        out.write(chunk)
+            finally:
+                if out is not None:
+                    out.close()
+        finally:
+            os.close(fd)
     return h.hexdigest()
 
 
@@ -65,23 +151,44 @@ def _legacy_register_digest(root: Path) -> str:
     # Agent candidates registered before the digest was unified carry this one; it is only
     # read here so that their rows stay usable, never written.
     h = hashlib.sha256()
-    for rel, path in sorted(_files(root)):
-        data = path.read_bytes()
+    for rel, parts in sorted(("/".join(p), p) for p in _files(root)):
+        fd, size = _open_file(root, parts)
+        try:
+            data = b"".join(_chunks(fd, size))
+        finally:
+            os.close(fd)
         name = rel.encode()
         h.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big"))
         h.update(data)
     return h.hexdigest()
 
 
+def snapshot(directory: Path, expected: str, parent: Path, *, candidate_id: int | None = None) -> Path:
+    """A private copy of the candidate's folder, written from the same bytes its digest is
+    computed from, in `parent` under the folder's own name; SourcesChanged unless that
+    digest is `expected`. A stage runs the copy, never the folder: checking the folder and
+    then reading it again left a window in which an agent swapped a file, and the server
+    ran sources other than those the leaderboard credits (seen in 4 of 25 stages)."""
+    dest = parent / directory.name
+    _check(directory, expected, candidate_id, dest)
+    return dest
+
+
 def verify_sources(directory: Path, expected: str, *, candidate_id: int | None = None) -> None:
     """Raise SourcesChanged unless `directory` still holds the sources digested as `expected`."""
+    _check(directory, expected, candidate_id, None)
+
+
+def _check(directory: Path, expected: str, candidate_id: int | None, dest: Path | None) -> None:
     who = f"candidate {candidate_id}" if candidate_id is not None else "the candidate"
     try:
-        now = source_digest(directory)
+        if dest is not None:
+            dest.mkdir(mode=0o700)
+        now = _copy_and_digest(directory, dest)
+        if now == expected or _legacy_register_digest(dest or directory) == expected:
+            return
     except (DigestError, OSError) as exc:
         raise SourcesChanged(f"the sources of {who} can't be read at {directory}: {exc}") from None
-    if now == expected or _legacy_register_digest(directory) == expected:
-        return
     raise SourcesChanged(
         f"{directory} changed since registration of {who} (digest {expected[:12]}, now {now[:12]}); "
         f"its recorded results are for the old sources: run `evolve register {directory}` to add the "

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from evolve.db import Database, open_database
 from evolve.db.logs import pack, unpack
+from evolve.db.storable import bounded_metrics, storable
 from evolve.db.models import (
     CandidateModel,
     CandidateParentModel,
@@ -622,7 +623,8 @@ class Population:
     def finish_stage(self, evaluation_id: int, result: StageResult) -> bool:
         """running -> passed/failed with the result (compare-and-set); False if the row was
         not running (finished or interrupted by someone else)."""
-        values = result.model_dump(exclude={"logs"})
+        values = storable(result.model_dump(exclude={"logs"}))
+        values["metrics"] = bounded_metrics(values["metrics"])
         with self.db.write() as s:
             outcome = s.execute(
                 update(EvaluationModel)
@@ -634,8 +636,8 @@ class Population:
             if result.logs is not None and not result.logs.empty():
                 s.add(EvaluationLogModel(evaluation_id=evaluation_id, stdout=pack(result.logs.stdout),
                                          stderr=pack(result.logs.stderr), traceback=pack(result.logs.traceback)))
-            if result.status == EvaluationStatus.PASSED and result.speedup is not None:
-                self._raise_best_speedup(s, evaluation_id, result.speedup)
+            if result.status == EvaluationStatus.PASSED and values["speedup"] is not None:
+                self._raise_best_speedup(s, evaluation_id, values["speedup"])
             return True
 
     @staticmethod

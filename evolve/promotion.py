@@ -13,15 +13,13 @@ from __future__ import annotations
 import logging
 import statistics
 import threading
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from evolve.config import PromotionConfig
-from evolve.digest import verify_sources
 from evolve.pipeline import bench as bench_stage
 from evolve.pipeline.context import StageContext
-from evolve.pipeline.runner import run_stage
+from evolve.pipeline.runner import run_stage, running_copy
 from evolve.population import Candidate, StageResult
 from evolve.vocabulary import EvaluationStatus, Stage
 
@@ -77,7 +75,6 @@ class Promoter:
         with self._lock:
             pop = self.ctx.pop
             best = pop.best(self.ctx.workload_id)
-            against: Path | None = None
             best_cand: Candidate | None = None
             if best is not None:
                 if best.candidate_id == cand.id:
@@ -87,12 +84,12 @@ class Promoter:
                     return None
                 best_cand = pop.candidate(best.candidate_id)
                 assert best_cand is not None
-                against = self.ctx.candidate_dir(best_cand)
 
-            def confirm_run() -> StageResult:
-                if against is not None and best_cand is not None:  # the best's folder runs too
-                    verify_sources(self.ctx.restored_dir(best_cand), best_cand.digest, candidate_id=best_cand.id)
-                return bench_stage.run(self.ctx, cand, against=against)
+            def confirm_run(copy: Candidate) -> StageResult:
+                if best_cand is None:
+                    return bench_stage.run(self.ctx, copy, against=None)
+                with running_copy(self.ctx, best_cand) as best_copy:  # the best's sources run too
+                    return bench_stage.run(self.ctx, copy, against=self.ctx.candidate_dir(best_copy))
 
             runs: list[StageResult] = []
             eids: list[int] = []

@@ -255,12 +255,15 @@ def run_ncu(client: Client, sends: Sequence[SendSpec], app: Sequence[str],
 
 def run_iket(client: Client, sends: Sequence[SendSpec], app: Sequence[str],
              env: Mapping[str, str] | None = None, timeout: float = 600,
-             include_raw: bool = True) -> IketResult:
+             include_raw: bool = True, files_cap: int | None = None) -> IketResult:
     """``app`` with IKET=1 and IKET_OUT set; every buffer/meta pair comes back converted
-    to ``<kernel>.trace.json`` (and, with ``include_raw``, as the raw pair too)."""
+    to ``<kernel>.trace.json`` (and, with ``include_raw``, as the raw pair too);
+    ``files_cap``: the most bytes of them the server sends (else its own default)."""
     if not app:
         raise ToolInputError("no application to run (give it after --)")
     require_gpu(client, "kcoral iket")
-    spec = {"app": list(app), "env": dict(env or {}), "include_raw": include_raw}
+    spec: dict[str, Any] = {"app": list(app), "env": dict(env or {}), "include_raw": include_raw}
+    if files_cap is not None:
+        spec["files_cap"] = files_cap
     result, outcome = _execute(client, "run_iket", sends, spec, timeout)
     return _model(IketResult, result, outcome)

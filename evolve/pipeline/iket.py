@@ -3,6 +3,10 @@ per-warp, per-stage summary of the timeline."""
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections.abc import Generator, Iterator
+from typing import Any
 
 from kcoral.remote import SendSpec, run_iket
 
@@ -12,22 +16,128 @@ from evolve.pipeline.timings import node_metric, outcome_fields
 from evolve.population import Candidate, StageLogs, StageResult
 from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
+# The candidate writes the buffer, so its trace is hostile: each is refused past this size
+# before it is read (the converter writes ~110 bytes a record, ~285 with a new warp each:
+# 110k-300k records fit), and what is stored is capped, so one row stays small (measured
+# before: 600k records took 1.7 GiB of orchestrator memory and 28 MB of metrics).
+MAX_TRACE_BYTES = 32 << 20
+MAX_TRACES_BYTES = 2 * MAX_TRACE_BYTES  # what the server may send at all: it refuses beyond
+MAX_STAGE_KEYS = 256   # warp x stage keys stored per trace; the busiest are kept
+MAX_TRACES = 16        # traces (kernels) summarised per candidate
+MAX_NAME_CHARS = 120   # of a stored key or trace name (the meta's names are the candidate's)
+
+
+class TraceRefused(ValueError):
+    """A trace the stage will not summarise; the message says why."""
+
+
+def _no_constant(name: str) -> float:
+    raise TraceRefused(f"the trace holds {name}, not a number")  # NaN is no JSON for PostgreSQL
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, i: int) -> int:
+    m = _SPACE.match(text, i)
+    return m.end() if m else i
+
+
+def _expect(text: str, i: int, chars: str) -> str:
+    if i >= len(text) or text[i] not in chars:
+        raise TraceRefused(f"malformed trace JSON at offset {i}: expected one of {chars!r}")
+    return text[i]
+
+
+def _array(text: str, i: int) -> Generator[Any, None, int]:
+    """The elements of the array at text[i] ('['), decoded one at a time; returns the offset past it."""
+    i = _skip(text, i + 1)
+    if text.startswith("]", i):
+        return i + 1
+    while True:
+        value, i = _DECODER.raw_decode(text, i)
+        yield value
+        i = _skip(text, i)
+        sep = _expect(text, i, ",]")
+        i = _skip(text, i + 1)
+        if sep == "]":
+            return i
+
+
+def _events(text: str) -> Iterator[Any]:
+    """The events of a Chrome trace (a bare array, or an object's "traceEvents"), decoded one
+    at a time: the orchestrator holds the text and one event, never the whole document (a
+    json.loads of a 54 MB trace took 400 MiB)."""
+    i = _skip(text, 0)
+    if _expect(text, i, "[{") == "[":
+        i = yield from _array(text, i)
+    else:
+        i = _skip(text, i + 1)
+        if text.startswith("}", i):
+            i += 1
+        else:
+            while True:
+                key, i = _DECODER.raw_decode(text, i)
+                if not isinstance(key, str):
+                    raise TraceRefused(f"malformed trace JSON at offset {i}: a key is no string")
+                i = _skip(text, i)
+                _expect(text, i, ":")
+                i = _skip(text, i + 1)
+                if key == "traceEvents" and text.startswith("[", i):
+                    i = yield from _array(text, i)
+                else:
+                    _, i = _DECODER.raw_decode(text, i)
+                i = _skip(text, i)
+                sep = _expect(text, i, ",}")
+                i = _skip(text, i + 1)
+                if sep == "}":
+                    break
+    if _skip(text, i) != len(text):
+        raise TraceRefused(f"malformed trace JSON: extra data at offset {i}")
+
+
+def _finite(value: Any, what: str) -> float:
+    x = float(value)
+    if not math.isfinite(x):
+        raise TraceRefused(f"the trace's {what} is {value!r}, not a finite number")
+    return x
+
 
 def summarise(trace: bytes) -> dict:
-    """Per (warp, stage name): count and mean duration (µs) from a Chrome trace."""
-    doc = json.loads(trace)
-    events = doc.get("traceEvents", doc) if isinstance(doc, dict) else doc
-    sums: dict[str, list[float]] = {}
-    span = [float("inf"), float("-inf")]
-    for ev in events:
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
-            continue
-        key = f"w{ev.get('tid')}:{ev.get('name')}"
-        sums.setdefault(key, []).append(float(ev.get("dur", 0)))
-        span[0] = min(span[0], float(ev.get("ts", 0)))
-        span[1] = max(span[1], float(ev.get("ts", 0)) + float(ev.get("dur", 0)))
-    stages = {k: {"count": len(v), "mean_us": sum(v) / len(v)} for k, v in sorted(sums.items())}
-    return {"stages": stages, "span_us": (span[1] - span[0]) if sums else None}
+    """Per (warp, stage name): count and mean duration (µs) from a Chrome trace; at most
+    MAX_STAGE_KEYS keys (those with the most events), `stages_left_out` counting the rest.
+    Raises TraceRefused for a trace over MAX_TRACE_BYTES (before reading it) or one it cannot read."""
+    if len(trace) > MAX_TRACE_BYTES:
+        raise TraceRefused(f"the trace is {len(trace)} bytes, over the limit of {MAX_TRACE_BYTES}")
+    sums: dict[str, list[float]] = {}   # key -> [count, total µs]: memory by keys, not events
+    lo, hi = math.inf, -math.inf
+    try:
+        for ev in _events(trace.decode("utf-8")):
+            if not isinstance(ev, dict) or ev.get("ph") != "X":
+                continue
+            key = f"w{ev.get('tid')}:{ev.get('name')}"[:MAX_NAME_CHARS]
+            dur, ts = _finite(ev.get("dur", 0), "dur"), _finite(ev.get("ts", 0), "ts")
+            acc = sums.setdefault(key, [0, 0.0])
+            acc[0] += 1
+            acc[1] += dur
+            lo, hi = min(lo, ts), max(hi, ts + dur)
+    except TraceRefused:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # bad UTF-8 or JSON, a non-number
+        raise TraceRefused(f"unreadable trace: {type(exc).__name__}: {str(exc)[:200]}") from None
+    kept = sorted(sorted(sums.items()), key=lambda kv: -kv[1][0])[:MAX_STAGE_KEYS]
+    stages = {k: {"count": int(n), "mean_us": _rounded(total / n)} for k, (n, total) in sorted(kept)}
+    out: dict[str, Any] = {"stages": stages, "span_us": _rounded(hi - lo) if sums else None}
+    if len(sums) > len(kept):
+        out["stages_left_out"] = len(sums) - len(kept)
+    return out
+
+
+def _rounded(x: float) -> float:
+    if not math.isfinite(x):  # finite inputs can still overflow a sum
+        raise TraceRefused("the trace's times overflow")
+    return round(x, 3)  # µs to the nanosecond, no float noise in the stored row
 
 
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
@@ -36,8 +146,11 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     if cfg.app and cfg.app[-1].endswith(".py") and not (directory / cfg.app[-1]).is_file():
         return StageResult(status=EvaluationStatus.FAILED, failure_kind=FailureKind.CHECK,
                            message=f"iket stage: the candidate has no {cfg.app[-1]}")
+    # No raw buffer/meta pair: only the converted trace is read here, and the raw pair would
+    # double what comes back.
     with ctx.gate.slot(ctx.cancel):
-        res = run_iket(ctx.client, sends=[SendSpec(directory)], app=list(cfg.app), env={}, timeout=cfg.timeout)
+        res = run_iket(ctx.client, sends=[SendSpec(directory)], app=list(cfg.app), env={}, timeout=cfg.timeout,
+                       include_raw=False, files_cap=MAX_TRACES_BYTES)
     timing = outcome_fields(res.outcome)
     crash = last_traceback(res.stderr or "")
     logs = StageLogs(stdout=getattr(res, "stdout", "") or "", stderr=res.stderr or "", traceback=crash or "")
@@ -47,6 +160,17 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
         return StageResult(status=EvaluationStatus.FAILED, failure_kind=kind,
                            message=(f"{exception_line(crash)}\n" if crash else "") + f"iket exit {res.exit_code}: {why}"[:4000],
                            logs=logs, **timing)
-    summary = {name: summarise(data) for name, data in res.traces.items()}
-    return StageResult(status=EvaluationStatus.PASSED, metrics={"traces": summary, **node_metric(res.outcome)},
-                       logs=logs, **timing)
+    names = sorted(res.traces)
+    summary: dict[str, Any] = {}
+    for name in names[:MAX_TRACES]:
+        try:
+            summary[name[:MAX_NAME_CHARS]] = summarise(res.traces[name])
+        except TraceRefused as exc:
+            # The app's output, not the server: a runtime failure of the candidate.
+            return StageResult(status=EvaluationStatus.FAILED, failure_kind=FailureKind.RUNTIME,
+                               message=f"iket trace {name[:MAX_NAME_CHARS]!r} refused: {exc}"[:4000],
+                               logs=logs, **timing)
+    metrics: dict[str, Any] = {"traces": summary, **node_metric(res.outcome)}
+    if len(names) > MAX_TRACES:
+        metrics["traces_left_out"] = len(names) - MAX_TRACES
+    return StageResult(status=EvaluationStatus.PASSED, metrics=metrics, logs=logs, **timing)

@@ -7,15 +7,19 @@ away longer than `transport_wait_s` does the row fail with kind `transport`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from pydantic import BaseModel
+from sqlalchemy.exc import SQLAlchemyError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from evolve.digest import verify_sources
+from evolve.digest import snapshot
 from evolve.pipeline import bench, check, gputest, iket, ncu
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.errors import failure_kind, is_outcome_unknown, is_transport_error
@@ -66,9 +70,10 @@ def attempt(ctx: StageContext, fn: Callable[[], StageResult]) -> StageResult:
 
 
 def run_stage(ctx: StageContext, stage: Stage, cand: Candidate, retry_of: int | None = None,
-              fn: Callable[[], StageResult] | None = None,
+              fn: Callable[[Candidate], StageResult] | None = None,
               claimed: int | None = None) -> tuple[int | None, StageResult | None]:
     """Claim, run and record one stage; (None, None) when the claim is refused.
+    `fn` runs the stage on the candidate it is given (its folder a private snapshot);
     `claimed`: the stage's evaluation, already claimed (`Population.claim_next`)."""
     eid = claimed if claimed is not None else ctx.pop.begin_stage(
         cand.id, stage, run_id=ctx.run_id, retry_of=retry_of, worker_id=ctx.worker_id)
@@ -76,20 +81,18 @@ def run_stage(ctx: StageContext, stage: Stage, cand: Candidate, retry_of: int | 
         return None, None
     _tell(ctx, StageEvent(candidate_id=cand.id, stage=stage, phase=StagePhase.STARTED))
     started = time.monotonic()
-    work = fn or (lambda: STAGE_FUNCTIONS[stage](ctx, cand))
+    work = fn or (lambda c: STAGE_FUNCTIONS[stage](ctx, c))
 
     def verified() -> StageResult:
-        # The folder is run as it is on disk: it must still be what was registered.
-        verify_sources(ctx.restored_dir(cand), cand.digest, candidate_id=cand.id)
-        return work()
+        with running_copy(ctx, cand) as copy:
+            return work(copy)
 
     result = attempt(ctx, verified)
     # A local stage records no server instance (check touches the server only for its import probe).
     if stage not in LOCAL_STAGES and result.server_instance is None:
         result = result.model_copy(update={"server_instance": ctx.server_instance()})
     result.metrics.setdefault("wall_s", round(time.monotonic() - started, 3))
-    if not ctx.pop.finish_stage(eid, result):
-        log.warning("evaluation %s was closed by someone else; result dropped", eid)
+    result = _record(ctx, eid, result)
     ctx.stats.add_lease(result.lease_held_ms)
     if stage == Stage.BENCH and result.status == EvaluationStatus.PASSED:
         ctx.stats.add_bench(result.ms, result.speedup)
@@ -107,6 +110,31 @@ def run_stage(ctx: StageContext, stage: Stage, cand: Candidate, retry_of: int | 
                           failure_kind=result.failure_kind, seconds=time.monotonic() - started,
                           message=first_line[:300] if result.status == EvaluationStatus.FAILED else ""))
     return eid, result
+
+
+def _record(ctx: StageContext, eid: int, result: StageResult) -> StageResult:
+    """Close the row with the result. One the database refuses is closed as a failure that
+    says so: a row left `running` would have every `--resume` run the stage again."""
+    try:
+        closed = ctx.pop.finish_stage(eid, result)
+    except SQLAlchemyError as exc:
+        log.exception("evaluation %s: the result could not be recorded", eid)
+        result = StageResult(status=EvaluationStatus.FAILED, failure_kind=FailureKind.RUNTIME,
+                             message=f"the stage's result could not be recorded: {type(exc).__name__}: {exc}"[:4000])
+        closed = ctx.pop.finish_stage(eid, result)
+    if not closed:
+        log.warning("evaluation %s was closed by someone else; result dropped", eid)
+    return result
+
+
+@contextlib.contextmanager
+def running_copy(ctx: StageContext, cand: Candidate) -> Iterator[Candidate]:
+    """The candidate with its folder replaced by a private copy of the sources it was
+    registered with (digest.snapshot), removed afterwards: what a stage sends to the
+    server is what the leaderboard credits, whatever happens to the folder meanwhile."""
+    with tempfile.TemporaryDirectory(prefix="evolve-stage-") as tmp:
+        copy = snapshot(ctx.restored_dir(cand), cand.digest, Path(tmp), candidate_id=cand.id)
+        yield cand.model_copy(update={"directory": str(copy)})
 
 
 def _tell(ctx: StageContext, event: StageEvent) -> None:

@@ -121,12 +121,20 @@ def client_seeds(count: int) -> list[int]:
 
 
 def parse_bad_lines(stdout: str) -> dict[str, float]:
+    """{regime: bad fraction} from `regime=NAME bad=X` lines. The candidate shares stdout, so
+    a regime printed twice keeps its worst value (a later `bad=0` cannot hide a bad line), and
+    a value that is not a finite number counts as 1.0, all bad (no NaN, which PostgreSQL's json
+    refuses; the evolve gputest stage names such regimes)."""
     out: dict[str, float] = {}
     for m in BAD_LINE.finditer(stdout):
         try:
-            out[m.group("name")] = float(m.group("frac"))
+            frac = float(m.group("frac"))
         except ValueError:
-            out[m.group("name")] = float("inf")
+            frac = 1.0
+        if not math.isfinite(frac):
+            frac = 1.0
+        name = m.group("name")
+        out[name] = max(frac, out.get(name, frac))
     return out
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from evolve.db.models import RunModel, utcnow
 from evolve.population import NewCandidate, Population, StageResult
 
-from .conftest import make_candidate
+from .conftest import finish, make_candidate
 
 PASSED = StageResult(status="passed", ms=1.0, baseline_ms=2.0, speedup=2.0)
 
@@ -268,3 +268,22 @@ def test_a_screened_bench_is_a_finished_stage_but_no_candidate_benched(pop: Popu
     assert run is not None
     tp = pop.run_throughputs([run])[run.id]
     assert (tp.stages, tp.benched) == (2, 1)
+
+
+def test_what_a_candidate_printed_is_recorded_on_every_backend(pop: Population, workload: int) -> None:
+    # PostgreSQL refused a NUL in a message and NaN in the metrics (both printed by a
+    # candidate): the row stayed `running` and every --resume ran the stage again.
+    cid = make_candidate(pop, workload, "nul-nan")
+    eid = finish(pop, cid, "gputest", StageResult(
+        status="failed", failure_kind="correctness", message="bad\x00byte",
+        metrics={"regimes": {"zz\x00": float("nan"), "ok": 0.0}, "inf": float("inf"), "big": [float("-inf")]}))
+    (e,) = [e for e in pop.evaluations(cid) if e.id == eid]
+    assert e.status == "failed" and e.message == "bad\\x00byte"
+    assert e.metrics == {"regimes": {"zz\\x00": None, "ok": 0.0}, "inf": None, "big": [None]}
+
+
+def test_metrics_too_large_for_a_row_keep_their_scalars(pop: Population, workload: int) -> None:
+    cid = make_candidate(pop, workload, "huge-metrics")
+    eid = finish(pop, cid, "iket", StageResult(status="passed", metrics={"span_us": 1.5, "keys": ["k" * 64] * 40000}))
+    (e,) = [e for e in pop.evaluations(cid) if e.id == eid]
+    assert e.metrics["span_us"] == 1.5 and "keys" not in e.metrics and "metrics_cut" in e.metrics

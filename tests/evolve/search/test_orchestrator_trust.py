@@ -142,3 +142,47 @@ def test_a_cheat_that_computes_only_on_poisoned_calls_is_never_promoted(tmp_path
     assert timed, proc.stdout[-3000:] + proc.stderr[-3000:]
     # It computes on every call now (every call is poisoned and checked): an honest figure.
     assert all(e.speedup < 5.0 for e in timed), [(e.stage, e.speedup) for e in timed]
+
+
+def test_what_a_stage_sends_is_what_was_registered(tmp_path, client, monkeypatch):
+    # A stage checked the folder's digest and then read the folder again to send it: an
+    # agent that swapped a file between the two had other sources run (red team: 4 of 25
+    # check stages imported the swapped file). Here the swap lands right after the check,
+    # every time: the import probe swaps solution.py before it stages what it was given.
+    from evolve.pipeline import check
+
+    pop = population(f"sqlite:///{tmp_path / 'evolve.db'}")
+    cand_dir = honest_candidate(tmp_path, "VALUE = 1\n")
+    real_probe = check.probe
+
+    def swapped_first(client, directory, timeout):
+        (cand_dir / "solution.py").write_text("raise ImportError('SWAPPED-SOURCES-RAN')\n")
+        return real_probe(client, directory, timeout)
+
+    monkeypatch.setattr(check, "probe", swapped_first)
+    result = check_stage(pop, client, cand_dir)
+    assert "SWAPPED-SOURCES-RAN" not in result.message, result.message
+    assert result.status == "passed", result.message
+
+
+def test_a_result_the_database_refuses_closes_its_row(tmp_path, client, monkeypatch):
+    # The row used to stay `running` (and every --resume ran the stage again) when the
+    # database refused what a candidate had printed into its result.
+    from sqlalchemy.exc import DataError
+
+    pop = population(f"sqlite:///{tmp_path / 'evolve.db'}")
+    cand_dir = honest_candidate(tmp_path, "VALUE = 1\n")
+    real_finish = pop.finish_stage
+    refused: list[int] = []
+
+    def refuse_once(eid, result):
+        if not refused:
+            refused.append(eid)
+            raise DataError("UPDATE evaluations", {}, Exception("a value the backend refuses"))
+        return real_finish(eid, result)
+
+    monkeypatch.setattr(pop, "finish_stage", refuse_once)
+    result = check_stage(pop, client, cand_dir)
+    (row,) = [e for c in pop.candidates() for e in pop.evaluations(c.id) if e.id == refused[0]]
+    assert row.status == "failed" and "could not be recorded" in row.message
+    assert result.status == "failed"
