@@ -72,7 +72,9 @@ def _shown(url: str) -> str:
 
 
 def _database_failure(exc: Exception) -> int:
-    print(f"evolve: {exc}", file=sys.stderr)
+    from evolve.safe_text import safe_text
+
+    print(f"evolve: {safe_text(str(exc))}", file=sys.stderr)  # may quote a stored candidate value
     return 2  # a bad database, as for a bad config or family
 
 

@@ -9,6 +9,7 @@ from pathlib import PurePath
 from typing import Any
 
 from evolve.db.records import LeaderboardRow
+from evolve.safe_text import safe_text
 
 
 def _fmt(value: float | int | None, spec: str) -> str:
@@ -55,7 +56,8 @@ def format_table(rows: Sequence[LeaderboardRow]) -> str:
     """A plain-text table of the columns marked for the terminal."""
     columns = [c for c in COLUMNS if c.in_text]
     header = [c.header for c in columns]
-    body = [[c.cell(r) for c in columns] for r in rows]
+    # Names and directories may be an agent's choice: no terminal controls through.
+    body = [[safe_text(c.cell(r)) for c in columns] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in body)) if body else len(h) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:

@@ -38,6 +38,7 @@ from evolve.preflight import PreflightError, health_gpus, probe_ncu, problems, t
 from evolve.promotion import Decision, Promoter
 from evolve.render import RenderError, render_candidate
 from evolve.run_progress import Progress
+from evolve.safe_text import safe_text
 from evolve.search_view import SearchView
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
 from evolve.strategies.base import Failed, Proposal, Strategy
@@ -586,7 +587,7 @@ class SearchLoop:
             with stats.lock:
                 stats.evaluated += 1
                 stats.failures["internal"] += 1
-            self.stream.write(f"evolve: pipeline error: {type(exc).__name__}: {exc}\n")
+            self.stream.write(safe_text(f"evolve: pipeline error: {type(exc).__name__}: {exc}") + "\n")
             self._trip(self.breaker.record_failure("internal", f"{type(exc).__name__}: {exc}"))
             return
         with stats.lock:
@@ -606,7 +607,8 @@ class SearchLoop:
             self._trip(self.breaker.record_failure(outcome.failure_kind, outcome.message))
         if decision is not None:
             verb = "promoted" if decision.promoted else "not promoted"
-            self.stream.write(f"\nevolve: candidate {decision.candidate_id} {verb}: {decision.reason}\n")
+            # The reason quotes a failed confirmation's message: the candidate's words.
+            self.stream.write(f"\nevolve: candidate {decision.candidate_id} {verb}: {safe_text(decision.reason)}\n")
             if decision.promoted:
                 self.events.emit(EventKind.PROMOTION, run_id=self._run_id, workload=self.config.workload_name,
                                  **decision.model_dump())

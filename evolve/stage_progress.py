@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from evolve.safe_text import safe_text
 from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
 
@@ -71,11 +72,12 @@ class StageProgress:
                 self._live.console.print(Text(line, no_wrap=True, overflow="ellipsis"))
             self._live.refresh()
         else:
-            self.console.print(line, highlight=False, soft_wrap=True)
+            # A Text, not a str: Rich would read markup in the candidate's message.
+            self.console.print(Text(line), highlight=False, soft_wrap=True)
 
     @staticmethod
     def finished_line(event: StageEvent) -> str:
         took = "" if event.seconds is None else f" in {event.seconds:.1f}s"
         kind = f" ({event.failure_kind})" if event.failure_kind else ""
-        why = f": {event.message}" if event.message else ""
+        why = f": {safe_text(event.message)}" if event.message else ""   # the candidate's words
         return f"candidate {event.candidate_id}: {event.stage} {event.status}{kind}{took}{why}"

@@ -25,6 +25,7 @@ from evolve.pipeline import bench as bench_stage
 from evolve.pipeline.runner import run_stage
 from evolve.population import Candidate, Population, StageResult
 from evolve.promotion import Promoter
+from evolve.safe_text import safe_text
 from evolve.stage_progress import StageProgress
 from evolve.vocabulary import PIPELINE_STAGES, EvaluationStatus, Stage
 
@@ -85,7 +86,7 @@ def rebench(ctx: StageContext, cand: Candidate, runs: int) -> list[StageResult]:
     for _ in range(runs):
         if ctx.cancel.is_set():
             break
-        _eid, result = run_stage(ctx, Stage.REBENCH, cand, fn=lambda: bench_stage.run(ctx, cand))
+        _eid, result = run_stage(ctx, Stage.REBENCH, cand, fn=lambda copy: bench_stage.run(ctx, copy))
         assert result is not None  # rebench is repeatable: the claim is never refused
         results.append(result)
     return results
@@ -158,10 +159,10 @@ def main(args: argparse.Namespace) -> int:
                 if args.rebench and outcome.passed and Stage.BENCH in stages:
                     rebenched = rebench(ctx, cand, args.rebench)
     except EmbeddedServerError as exc:
-        print(f"evolve evaluate: error: {exc}", file=sys.stderr)
+        print(safe_text(f"evolve evaluate: error: {exc}"), file=sys.stderr)
         return 1
-    except RemoteError as exc:
-        print(f"evolve evaluate: error: the server failed: {exc}", file=sys.stderr)
+    except RemoteError as exc:   # the server's words may quote the candidate's output
+        print(safe_text(f"evolve evaluate: error: the server failed: {exc}"), file=sys.stderr)
         return 1
     if args.json:
         emit({"candidate_id": cand.id, "passed": outcome.passed, "skipped": outcome.skipped,
@@ -172,16 +173,17 @@ def main(args: argparse.Namespace) -> int:
                   "summary": rebench_summary(rebenched),
                   "speedups": [r.speedup for r in rebenched], "spreads": [r.spread for r in rebenched]}})
         return 0 if outcome.passed else 1
+    # Messages and reasons quote the candidate: shown with its terminal controls escaped.
     for ev in pop.evaluations(cand.id):
         extra = f" {ev.speedup:.3f}x ({ev.ms:.4f} ms)" if ev.speedup is not None and ev.ms is not None else ""
         kind = f" [{ev.failure_kind}]" if ev.failure_kind else ""
-        print(f"#{ev.id} {ev.stage:8s} {ev.status}{kind}{extra} {ev.message[:200]}".rstrip())
+        print(safe_text(f"#{ev.id} {ev.stage:8s} {ev.status}{kind}{extra} {ev.message[:200]}".rstrip()))
     if decision is not None:
-        print(f"{'promoted' if decision.promoted else 'not promoted'}: {decision.reason}")
+        print(safe_text(f"{'promoted' if decision.promoted else 'not promoted'}: {decision.reason}"))
     if rebenched is not None:
         print(rebench_summary(rebenched))
     elif args.rebench:
         print(f"rebench: not run (candidate {cand.id} has no passed bench)")
     if outcome.skipped:
-        print(f"candidate {cand.id}: {outcome.message}")
+        print(safe_text(f"candidate {cand.id}: {outcome.message}"))
     return 0 if outcome.passed else 1

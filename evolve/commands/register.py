@@ -12,6 +12,7 @@ from evolve.db import DB_HELP, SchemaVersionError, open_database
 from evolve.digest import DigestError, source_digest
 from evolve.paths import display_path
 from evolve.population import NewCandidate, Population
+from evolve.safe_text import safe_text
 from evolve.vocabulary import Origin
 
 ENTRY_POINT = "solution.py"
@@ -96,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
             pop, Path(args.path), name=args.name, author=args.author, notes=args.notes, workload=args.workload
         )
     except (RegisterError, SchemaVersionError, KeyError) as exc:
-        print(f"evolve register: {exc}", file=sys.stderr)
+        print(safe_text(f"evolve register: {exc}"), file=sys.stderr)   # may name the candidate's files
         return 2
     existing = pop.candidate(cid)
     if args.json:
@@ -106,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         print(cid)
     if not created:
         where = existing.directory if existing else "?"
-        print(f"identical sources already registered as candidate {cid} ({where})", file=sys.stderr)
+        print(safe_text(f"identical sources already registered as candidate {cid} ({where})"), file=sys.stderr)
     return 0
 
 

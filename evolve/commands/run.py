@@ -21,6 +21,7 @@ from evolve.leaderboard_view import format_table, row_json
 from evolve.loop import JOIN_LATEST, JoinError, RunSummary, SearchLoop
 from evolve.preflight import PreflightError
 from evolve.population import Population
+from evolve.safe_text import SafeFormatter, safe_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,7 +56,10 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.WARNING, format="evolve: %(levelname)s %(name)s: %(message)s")
+    # Log records quote candidates (failures, render errors): their controls are escaped.
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("evolve: %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     if args.max_evals is not None and args.max_evals < 1:
         print("evolve run: error: --max-evals must be at least 1", file=sys.stderr)
         return 2
@@ -98,10 +102,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"evolve run: error: {exc}", file=sys.stderr)
         return 2
     except EmbeddedServerError as exc:
-        print(f"evolve run: error: {exc}", file=sys.stderr)
+        print(safe_text(f"evolve run: error: {exc}"), file=sys.stderr)
         return 1
-    except RemoteError as exc:
-        print(f"evolve run: error: the server at {url or 'the embedded server'} failed: {exc}", file=sys.stderr)
+    except RemoteError as exc:   # the server's words may quote a candidate's output
+        print(safe_text(f"evolve run: error: the server at {url or 'the embedded server'} failed: {exc}"),
+              file=sys.stderr)
         return 1
     except PreflightError as exc:
         for problem in exc.problems:
@@ -118,7 +123,8 @@ def main(args: argparse.Namespace) -> int:
         _print_summary(summary, pop)
     if summary.aborted:
         # Last, on stderr: the line a morning reader (or a scheduler's log) sees first.
-        print(f"evolve run: run {summary.run_id} {summary.stopped_because}", file=sys.stderr)
+        # The breaker's reason quotes the failing candidates' message.
+        print(safe_text(f"evolve run: run {summary.run_id} {summary.stopped_because}"), file=sys.stderr)
         return EXIT_ABORTED
     return 0
 
@@ -126,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
 def _print_summary(summary: RunSummary, pop: Population) -> None:
     who = f" (worker {summary.worker_id}, joined)" if summary.joined else ""
     print(f"run {summary.run_id}{who}: {summary.evaluated} evaluated, {summary.passed} passed, "
-          f"{summary.promotions} promoted; stopped: {summary.stopped_because}")
+          f"{summary.promotions} promoted; stopped: {safe_text(summary.stopped_because)}")
     if summary.gpu_busy is not None:
         print(f"GPU lease held {summary.gpu_busy:.0%} of the run's wall time (the server's count, per GPU)")
     print(format_table(pop.leaderboard(summary.workload_id)))

@@ -9,6 +9,7 @@ from typing import Any
 
 from evolve.db import DB_HELP, SchemaVersionError
 from evolve.population import Candidate, Evaluation, Population
+from evolve.safe_text import safe_text
 
 # Metrics entries shown as log text rather than as values.
 LOG_SUFFIXES = ("stdout", "stderr", "log", "_tail", "traceback")
@@ -101,6 +102,7 @@ def _log_lines(pop: Population, ev: Evaluation) -> list[str]:
 
 
 def render_text(pop: Population, cand: Candidate, *, logs: bool = False) -> str:
+    """What `evolve show` prints, terminal controls in it escaped."""
     workload = pop.workload(cand.workload_id)
     promos = [p for p in pop.promotions(cand.workload_id) if p.candidate_id == cand.id]
     best = pop.best(cand.workload_id)
@@ -141,7 +143,8 @@ def render_text(pop: Population, cand: Candidate, *, logs: bool = False) -> str:
         lines.append(f"  {'  ' * (depth - 1)}^ {anc.id} {anc.label} ({anc.operator or anc.origin}, gen {anc.generation})")
     for child in pop.children(cand.id):
         lines.append(f"  v {child.id} {child.label} ({child.operator or child.origin}, gen {child.generation})")
-    return "\n".join(lines)
+    # Messages, logs, names and notes come from candidates: no terminal controls through.
+    return safe_text("\n".join(lines))
 
 
 def _evaluation_json(pop: Population, ev: Evaluation, logs: bool) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from evolve.db import DB_HELP, SchemaVersionError
 from evolve.db.models import utcnow
 from evolve.db.records import RunThroughput, StatusCount
 from evolve.population import Evaluation, Population, Promotion, Run, RunWorker
+from evolve.safe_text import safe_text
 from evolve.vocabulary import EvaluationStatus, RunState, Stage
 
 SHOWN_RUNS = 20     # the latest runs shown; older ones are in `evolve report`
@@ -166,7 +167,8 @@ def _best_lines(data: StatusData) -> list[str]:
 
 
 def format_status(data: StatusData) -> str:
-    return "\n".join(_run_lines(data) + _evaluation_lines(data) + _in_flight_lines(data) + _best_lines(data))
+    # Candidates' labels are an agent's choice: no terminal controls through.
+    return safe_text("\n".join(_run_lines(data) + _evaluation_lines(data) + _in_flight_lines(data) + _best_lines(data)))
 
 
 def render_status(pop: Population, workload_id: int | None = None) -> str:
