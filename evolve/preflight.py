@@ -1,7 +1,7 @@
 """What a run checks before its first candidate: that the server can run this workload
 and has what its families and enabled stages need. Each problem is one line. (A missing
 local nvcc is not one: the check stage records the compile as skipped and the server
-still judges.)"""
+still judges; a local nvcc without the bubblewrap sandbox it runs in is.)"""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,7 @@ from kcoral.runners.tool_runner import NCU_PATTERNS
 
 from evolve.config import RunConfig
 from evolve.families import Family
+from evolve.pipeline import nvcc
 from evolve.vocabulary import TOOL_STAGES, Stage
 
 # Asks the server where ncu is, the way its tool runner looks for it (PATH, then NCU_PATTERNS).
@@ -65,6 +66,9 @@ def problems(config: RunConfig, health: dict[str, Any], families: dict[str, Fami
     if cuda and gpus > 0 and not health.get("virtual_gpus") and "cupy" not in versions:
         found.append(f"families {cuda} load CUDA kernels with CuPy, which the server does not have "
                      "(pip install -e '.[gpu]' where the server runs)")
+    if cuda and nvcc.nvcc_path() is not None and (why := nvcc.sandbox_problem()) is not None:
+        # Else every candidate would fail its check stage, one by one.
+        found.append(f"families {cuda}: {why}")
     return found
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 from tests.evolve.search.conftest import NUMPY_FAMILY, REPO
 from tests.evolve.search.helpers import population, run_cli, write_config
@@ -106,3 +107,23 @@ def test_preflight_checks_the_tool_stages_apps_and_asks_the_server_for_ncu(tmp_p
     has_ncu = shutil.which("ncu") or any(glob.glob(p) for p in NCU_PATTERNS)  # the server runs here
     assert ("the server has no Nsight Compute" in proc.stderr) == (not has_ncu), proc.stderr[-3000:]
     assert population(db_url).candidates() == []
+
+
+def test_preflight_refuses_cuda_families_where_nvcc_cannot_be_confined(monkeypatch):
+    # nvcc reads the candidate's includes on this machine: without its sandbox every CUDA
+    # candidate would fail its check stage, one at a time, before the breaker stopped.
+    from evolve.families import load_family
+    from evolve.pipeline import nvcc
+    from evolve.preflight import problems
+    config = SimpleNamespace(workload_dir=REPO / "kcoral/workloads/kda/forward_b1_t8192_h96",
+                             workload_name="forward_b1_t8192_h96")
+    families = {"two_pass": load_family(REPO / "evolve/templates/kda/two_pass")}
+    health = {"status": "ok", "gpu_count": 1, "versions": {"cupy": "14"}}
+    monkeypatch.setattr(nvcc, "nvcc_path", lambda: "/opt/cuda/bin/nvcc")
+    monkeypatch.setattr(nvcc, "sandbox_problem", lambda: "`bwrap` is not on PATH")
+    assert problems(config, health, families) == ["families ['two_pass']: `bwrap` is not on PATH"]
+    monkeypatch.setattr(nvcc, "sandbox_problem", lambda: None)
+    assert problems(config, health, families) == []
+    monkeypatch.setattr(nvcc, "nvcc_path", lambda: None)  # no local nvcc: the compile is skipped, not refused
+    monkeypatch.setattr(nvcc, "sandbox_problem", lambda: "`bwrap` is not on PATH")
+    assert problems(config, health, families) == []
