@@ -2,6 +2,7 @@
 
     python benchmarks/server_roundtrip.py                 # starts a local CPU server (2 workers)
     python benchmarks/server_roundtrip.py --sandbox none  # the same without the per-request sandbox
+    python benchmarks/server_roundtrip.py --request-memory-bytes 0  # without the memory cgroup per request
     python benchmarks/server_roundtrip.py --remote URL    # an existing server
     python benchmarks/server_roundtrip.py --remote URL --gpu   # adds the GPU section
     python benchmarks/server_roundtrip.py --router        # also through the released router (kcoral 0.1.1)
@@ -195,6 +196,8 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="add the GPU section (needs a GPU server)")
     ap.add_argument("--no-blob", action="store_true", help="skip the 64 MiB blob rows")
     ap.add_argument("--sandbox", choices=["bwrap", "none"], help="the local server's --sandbox (default: its default)")
+    ap.add_argument("--request-memory-bytes", type=int,
+                    help="the local server's --request-memory-bytes (0: no memory cgroup per request)")
     ap.add_argument("--router", action="store_true",
                     help="also measure through the released router, the local server joined as its node")
     args = ap.parse_args()
@@ -202,6 +205,8 @@ def main() -> int:
         ap.error("--router joins the local server it starts; it cannot be combined with --remote")
     router, router_url = start_router() if args.router else (None, "")
     extra = ["--sandbox", args.sandbox] if args.sandbox else []
+    if args.request_memory_bytes is not None:
+        extra += ["--request-memory-bytes", str(args.request_memory_bytes)]
     if router is not None:
         extra += ["--router", router_url, "--node-id", "bench"]
         os.environ["KCORAL_NODE_TOKEN"] = router.token  # type: ignore[attr-defined]  # the local server inherits it
@@ -229,7 +234,10 @@ def main() -> int:
             router.kill()  # type: ignore[attr-defined]
     width = max(len(r[0]) for r in rows)
     sandbox = (health.get("sandbox") or {}).get("mode", "-")
-    print(f"server {url}  workers={len(health.get('workers', []))}  gpus={health.get('gpu_count')}  sandbox={sandbox}")
+    memory = (health.get("sandbox") or {}).get("request_memory")
+    cgroup = f"v{memory['version']}, {memory['limit_bytes'] >> 20} MiB" if memory else "none"
+    print(f"server {url}  workers={len(health.get('workers', []))}  gpus={health.get('gpu_count')}  sandbox={sandbox}  "
+          f"request memory cgroup={cgroup}")
     print(f"{'measure'.ljust(width)}  {'value':>28}  target")
     for name, value, target in rows:
         print(f"{name.ljust(width)}  {value:>28}  {target}")

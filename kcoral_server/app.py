@@ -35,11 +35,17 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 def build_app(engine: Engine, auth: BearerAuth, join: RouterJoin | None = None) -> Starlette:
     """The server's routes; with `join`, it also serves a router's slots once started."""
+    async def body_of(request: Request) -> memoryview:
+        # A memoryview, which the engine only measures and hands to parse_execute_body:
+        # released there once parsed, so a queued or running request no longer holds its
+        # body (a bytes object would stay alive in these frames until the answer).
+        return await read_body(request, engine.config.max_request_bytes)
+
     async def health(request: Request) -> Response:
         return JSONResponse(engine.health(AUTHENTICATED in request.auth.scopes))
 
     async def execute(request: Request) -> Response:
-        body = await read_body(request, engine.config.max_request_bytes)
+        body = await body_of(request)
         async with watch_disconnect(request.receive) as gone:
             reply = await engine.execute(body, request.headers.get("content-type"),
                                          request.headers.get("idempotency-key"), logged(request),
@@ -47,7 +53,7 @@ def build_app(engine: Engine, auth: BearerAuth, join: RouterJoin | None = None) 
         return reply.to_response()
 
     async def submit_job(request: Request) -> Response:
-        body = await read_body(request, engine.config.max_request_bytes)
+        body = await body_of(request)
         reply = await engine.submit_job(body, request.headers.get("content-type"), logged(request),
                                         parse_header(request.headers.get(HEADER)))
         return reply.to_response()

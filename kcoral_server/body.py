@@ -5,23 +5,26 @@ from starlette.requests import Request
 
 
 class RequestTooLarge(Exception):
-    """The body is over `limit` bytes (declared or sent); answered 413 by the error middleware."""
+    """The body, or a part of it, is over `limit` bytes (declared or sent); answered 413 by
+    the error middleware with `message` (by default: the request exceeds the limit)."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request exceeds {limit} bytes")
+    def __init__(self, limit: int, message: str | None = None) -> None:
+        super().__init__(message or f"request exceeds {limit} bytes")
         self.limit = limit
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body; stops reading as soon as it is known to be too large."""
+async def read_body(request: Request, limit: int) -> memoryview:
+    """The whole body; stops reading as soon as it is known to be too large.
+
+    Gathered in one bytearray (no second copy to join chunks) and handed out as a
+    memoryview, which `parse_execute_body` releases once parsed: the request then no
+    longer holds its body while it waits for a worker and runs."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestTooLarge(limit)
-    chunks: list[bytes] = []
-    total = 0
+    buf = bytearray()
     async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
+        if len(buf) + len(chunk) > limit:
             raise RequestTooLarge(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        buf += chunk
+    return memoryview(buf)

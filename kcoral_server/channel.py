@@ -3,6 +3,12 @@
 A frame is a 4-byte big-endian header length, a JSON header, then the binary attachments
 whose lengths the header lists under "bin". JSON (never pickle) so that nothing a worker
 sends can execute code in the parent, which holds the holdout salt.
+
+Program code can reach its worker's end of the channel and write any frame, so the server
+bounds what it reads: a header is at most MAX_WORKER_HEADER bytes, except a `return`
+frame's (a returned value's JSON node), whose length word carries RETURN_FLAG and whose
+header counts, with its attachments, against the response's remaining budget. Large
+headers are parsed in a thread, so one cannot stall the event loop for seconds.
 """
 from __future__ import annotations
 
@@ -10,13 +16,18 @@ import json
 import socket
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # workers (which only use SyncChannel) need not load asyncio
     import asyncio
 
 _LEN = struct.Struct(">I")
-MAX_HEADER = 256 << 20
+RETURN_FLAG = 1 << 31            # set in the length word of a `return` frame
+_MAX_LEN = RETURN_FLAG - 1       # the longest header a length word can state
+MAX_HEADER = 256 << 20           # what a worker reads from the server (trusted: a job, 100k seeds)
+MAX_WORKER_HEADER = 1 << 20      # what the server reads from a worker, but for `return` frames
+THREAD_PARSE_BYTES = 64 << 10    # headers from this size on are parsed off the event loop
 FDS_PER_MESSAGE = 200  # blob descriptors per SCM_RIGHTS message (the kernel takes at most 253)
 
 
@@ -24,7 +35,10 @@ def encode(msg: dict[str, Any], attachments: Sequence[bytes | memoryview] = ()) 
     header = dict(msg)
     header["bin"] = [len(a) for a in attachments]
     raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-    return [_LEN.pack(len(raw)) + raw, *attachments]
+    if len(raw) > _MAX_LEN:
+        raise ValueError(f"a channel message of {len(raw)} bytes exceeds the {_MAX_LEN}-byte frame limit")
+    word = len(raw) | (RETURN_FLAG if header.get("t") == "return" else 0)
+    return [_LEN.pack(word) + raw, *attachments]
 
 
 class SyncChannel:
@@ -53,7 +67,8 @@ class SyncChannel:
         return buf
 
     def recv(self) -> tuple[dict[str, Any], list[bytearray]]:
-        (n,) = _LEN.unpack(self._exact(4))
+        (word,) = _LEN.unpack(self._exact(4))
+        n = word & _MAX_LEN
         if n > MAX_HEADER:
             raise ValueError("oversized channel header")
         header = json.loads(self._exact(n))
@@ -61,7 +76,45 @@ class SyncChannel:
 
 
 class FrameTooLarge(Exception):
-    """A worker announced attachments larger than the reader accepts."""
+    """A worker's frame would exceed the budget the reader gave (a response's room left)."""
+
+
+@dataclass
+class Frame:
+    """One message from a worker."""
+
+    header: dict[str, Any]
+    bins: list[bytes]
+    counted: int  # bytes counted against the budget: the attachments, and a `return` header
+
+
+def _parse_header(raw: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(raw)
+    except RecursionError:  # nesting deep enough to exhaust the C stack guard
+        raise ValueError("channel header from worker nests too deeply") from None
+    if not isinstance(header, dict):
+        raise ValueError("malformed channel header from worker")
+    return header
+
+
+def _bin_lengths(header: dict[str, Any]) -> list[int]:
+    bins = header.get("bin", [])
+    if not isinstance(bins, list) or not all(type(k) is int and k >= 0 for k in bins):
+        raise ValueError("malformed attachment lengths from worker")
+    return bins
+
+
+def _check_header_length(n: int, is_return: bool, budget: int | None) -> None:
+    """Before reading a header: ValueError for one no frame of its kind may have,
+    FrameTooLarge for a `return` header over the budget."""
+    if not is_return:
+        if n > MAX_WORKER_HEADER:
+            raise ValueError(f"oversized channel header from worker ({n} bytes)")
+    elif budget is None:
+        raise ValueError("unexpected return frame from worker")
+    elif n > budget:
+        raise FrameTooLarge()
 
 
 class AsyncChannel:
@@ -83,21 +136,35 @@ class AsyncChannel:
             self.writer.write(f)
         await self.writer.drain()
 
-    async def recv(self, max_bin_bytes: int | None = None) -> tuple[dict[str, Any], list[bytes]]:
-        """One frame; FrameTooLarge (before reading any attachment) when the attachments
-        the header announces exceed `max_bin_bytes`."""
-        (n,) = _LEN.unpack(await self.reader.readexactly(4))
-        if n > MAX_HEADER:
-            raise ValueError("oversized channel header from worker")
-        header = json.loads(await self.reader.readexactly(n))
-        if not isinstance(header, dict):
-            raise ValueError("malformed channel header from worker")
-        bins = [int(k) for k in header.get("bin", [])]
-        if any(k < 0 for k in bins):
-            raise ValueError("negative attachment length from worker")
-        if max_bin_bytes is not None and sum(bins) > max_bin_bytes:
+    async def recv(self) -> tuple[dict[str, Any], list[bytes]]:
+        """One frame that is not a `return` (a worker's `ready`)."""
+        frame = await self.recv_frame(None)
+        return frame.header, frame.bins
+
+    async def recv_frame(self, budget: int | None) -> Frame:
+        """One frame. `budget` bounds what a frame counts (`Frame.counted`); over it,
+        FrameTooLarge is raised before the attachments (or a `return` frame's oversized
+        header) are read. None: no `return` frame is expected, nor any budget kept."""
+        (word,) = _LEN.unpack(await self.reader.readexactly(4))
+        n, flagged = word & _MAX_LEN, bool(word & RETURN_FLAG)
+        _check_header_length(n, flagged, budget)
+        header = await self._header(await self.reader.readexactly(n))
+        is_return = header.get("t") == "return"
+        if flagged and not is_return:
+            raise ValueError("a frame flagged as a return is not one")
+        bins = _bin_lengths(header)
+        counted = sum(bins) + (n if is_return else 0)
+        if budget is not None and counted > budget:
             raise FrameTooLarge()
-        return header, [await self.reader.readexactly(k) for k in bins]
+        return Frame(header, [await self.reader.readexactly(k) for k in bins], counted)
+
+    @staticmethod
+    async def _header(raw: bytes) -> dict[str, Any]:
+        if len(raw) < THREAD_PARSE_BYTES:
+            return _parse_header(raw)
+        import asyncio
+
+        return await asyncio.to_thread(_parse_header, raw)
 
     def close(self) -> None:
         try:

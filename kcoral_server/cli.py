@@ -5,11 +5,13 @@ import argparse
 import asyncio
 import ipaddress
 import os
+import resource
 import signal
 import sys
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import build_app
 from .auth import BearerAuth, public_token_problem
@@ -58,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(p, "--max-response-bytes", "max_response_bytes", int, "largest result payload")
     _setting(p, "--max-queue", "max_queue", int, "requests that may wait for a worker before 503")
     _setting(p, "--queue-timeout", "queue_timeout_seconds", float, "seconds a request waits for a worker before 503")
+    _setting(p, "--max-connections", "max_connections", int,
+             "HTTP connections open at once; requests beyond get 503 and further connections are closed")
+    _setting(p, "--header-timeout", "header_timeout_seconds", float,
+             "seconds a connection has to send a complete request head, from its opening or its last response")
     _setting(p, "--blob-cache-bytes", "blob_cache_bytes", int, "blob cache capacity")
     p.add_argument("--blob-dir", help="parent folder of the blob cache (default: /dev/shm if roomy, else $TMPDIR)")
     p.add_argument("--work-dir", help="parent folder of request workspaces (default: /dev/shm if roomy, else $TMPDIR)")
@@ -196,15 +202,80 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def guarded_h11(head_timeout: float, max_connections: int) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the limits it lacks: a connection's request head must be
+    complete within `head_timeout` seconds of its opening or of its previous response (else
+    it is closed: clients trickling partial heads once held 19,900 of 20,000 descriptors),
+    and a connection beyond `max_connections` is closed at once, freeing its descriptor
+    (uvicorn's limit_concurrency answers 503 only once a request head is complete)."""
+
+    class GuardedH11(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _served: object = None  # the request cycle current when the timer was armed
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.close()
+                return
+            self._await_head()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not self._served:  # a new request head arrived
+                self._stop_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.cycle.response_complete:
+                self._await_head()  # else a pipelined request has already begun
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+        def _await_head(self) -> None:
+            self._stop_head_timer()
+            self._served = self.cycle
+            self._head_timer = self.loop.call_later(head_timeout, self._head_late)
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_late(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedH11
+
+
+def raise_fd_limit() -> None:
+    """The soft RLIMIT_NOFILE up to the hard one: every connection, worker channel and blob
+    descriptor needs one, and a soft limit of 1024 runs out long before --max-connections.
+    (A program could raise its own soft limit as far anyway, so workers gain nothing.)"""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log_event("fd_limit_not_raised", soft=soft, hard=hard, error=str(exc))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     join = join_from_args(args)
     config = config_from_args(args)
+    raise_fd_limit()
     engine = Engine(config)
     app = build_app(engine, BearerAuth(config.token.get_secret_value() if config.token else None), join)
     server = DrainingServer(
         uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
-                       lifespan="on", timeout_keep_alive=30),
+                       lifespan="on", timeout_keep_alive=30, ws="none", limit_concurrency=config.max_connections,
+                       http=guarded_h11(config.header_timeout_seconds, config.max_connections)),
         engine,
     )
     try:

@@ -24,6 +24,8 @@ class ServerConfig(BaseModel):
     max_response_bytes: int = Field(4 * GiB, ge=1024)
     max_queue: int = Field(64, ge=0)        # requests waiting for a worker beyond this get 503
     queue_timeout_seconds: float = Field(120.0, gt=0)  # longest wait for a worker, then 503
+    max_connections: int = Field(1000, ge=1)  # HTTP connections at once (uvicorn's limit_concurrency); more are closed
+    header_timeout_seconds: float = Field(30.0, gt=0)  # to send a request head, from connecting or the last response
     blob_cache_bytes: int = Field(8 * GiB, ge=1 << 20)
     blob_dir: str | None = None             # parent of the blob cache folder (default: /dev/shm if roomy)
     work_dir: str | None = None             # parent of request folders (default: /dev/shm if roomy, else $TMPDIR)

@@ -56,6 +56,12 @@ _SECRET_ENV_PREFIXES = ("EVOLVE_",)
 # should get this run's answer rather than start over).
 RETRY_GRACE_SECONDS = 1.0
 
+# Distinct blobs one program may upload: each is an open descriptor in the server while it
+# runs (and in its worker). A client's program sends one archive, or a tensor or bytes per
+# argument; 21,000 of them once took every descriptor the server had.
+MAX_BLOBS_PER_PROGRAM = 1024
+
+
 # What this server offers beyond the released KCoral protocol is announced in /health
 # (kcoral.capabilities.SERVER_EXTENSIONS), so a client uses each only where it is there.
 
@@ -262,15 +268,18 @@ class Engine:
             log_event("drain_timeout", active_requests=self.active)
 
     # ------------------------------------------------------------------ execute
-    async def execute(self, body: bytes, content_type: str | None, idem_key: str | None, log: RequestLog,
+    async def execute(self, body: bytes | memoryview, content_type: str | None, idem_key: str | None, log: RequestLog,
                       opt_ins: frozenset[OptIn] = frozenset(), gone: Disconnect | None = None) -> Reply:
         """Run one program; `gone` is set when the client disconnects, which cancels it."""
         rid = log.request_id
         if self.draining:
             return error_reply(503, ErrorKind.BUSY, "server is draining", rid, retry_after=5)
+        if idem_key is not None and (len(idem_key) > 256 or not idem_key.isprintable()):
+            return error_reply(400, ErrorKind.PARSE, "Idempotency-Key must be at most 256 printable characters", rid)
+        key = None if idem_key is None else _client_key(idem_key)
         self._enter()
         try:
-            return await self._execute(body, content_type, idem_key, log, opt_ins, gone)
+            return await self._execute(body, content_type, key, log, opt_ins, gone)
         except Cancelled:
             return _cancelled(log)
         finally:
@@ -285,26 +294,27 @@ class Engine:
         if self.active == 0:
             self._idle.set()
 
-    async def _execute(self, body: bytes, content_type: str | None, key: str | None, log: RequestLog,
+    async def _execute(self, body: bytes | memoryview, content_type: str | None, key: str | None, log: RequestLog,
                        opt_ins: frozenset[OptIn], gone: Disconnect | None) -> Reply:
         admitted = await self._prepare(body, content_type, key, log, opt_ins, gone)
         if isinstance(admitted, Reply):
             return admitted
         return await self._run_admitted(admitted, log, gone=gone)
 
-    async def _prepare(self, body: bytes, content_type: str | None, key: str | None,
+    async def _prepare(self, body: bytes | memoryview, content_type: str | None, key: str | None,
                        log: RequestLog, opt_ins: frozenset[OptIn],
                        gone: Disconnect | None = None) -> "Reply | _Admitted":
-        """Parse, cache blobs, answer replays and CACHE_MISS; else pin blobs and claim the key."""
-        parsed = await self._parse(body, content_type, key, opt_ins, log.request_id)
+        """Parse, cache blobs, answer replays and CACHE_MISS; else pin blobs and claim the
+        key (a journal key: a client's or a job's, under its prefix)."""
+        parsed = await self._parse(body, content_type, opt_ins, log.request_id)
         if isinstance(parsed, Reply):
             return parsed
         await self._store_blobs(parsed)
         return await self._admit(parsed, key, log, opt_ins, gone)
 
-    async def _parse(self, body: bytes, content_type: str | None, key: str | None,
-                     opt_ins: frozenset[OptIn], rid: str) -> "ParsedRequest | Reply":
-        """The request as a checked program, or its 400 `parse` answer."""
+    async def _parse(self, body: bytes | memoryview, content_type: str | None, opt_ins: frozenset[OptIn],
+                     rid: str) -> "ParsedRequest | Reply":
+        """The request as a checked program, or its 400 `parse` (413: too many blobs) answer."""
         try:
             nested = OptIn.NESTED_REFS in opt_ins
             if len(body) > 1 << 20:
@@ -318,8 +328,10 @@ class Engine:
             # Each worker leases one GPU; the released server refuses a CPU server's the same way.
             return error_reply(400, ErrorKind.PARSE, f"gpu_count {gpu_count} exceeds this server's capacity "
                                f"of {min(1, len(self.gpu_ids))} GPU per program", rid)
-        if key is not None and (len(key) > 256 or not key.isprintable()):
-            return error_reply(400, ErrorKind.PARSE, "Idempotency-Key must be at most 256 printable characters", rid)
+        blobs = len(parsed.program.blob_digests())
+        if blobs > MAX_BLOBS_PER_PROGRAM:  # before any is stored or opened
+            return error_reply(413, ErrorKind.REQUEST_TOO_LARGE, f"the program uploads {blobs} distinct blobs; "
+                               f"this server takes at most {MAX_BLOBS_PER_PROGRAM} per program", rid)
         return parsed
 
     async def _admit(self, parsed: ParsedRequest, key: str | None, log: RequestLog,
@@ -387,7 +399,7 @@ class Engine:
         return reply
 
     # ------------------------------------------------------------------ jobs
-    async def submit_job(self, body: bytes, content_type: str | None, log: RequestLog,
+    async def submit_job(self, body: bytes | memoryview, content_type: str | None, log: RequestLog,
                          opt_ins: frozenset[OptIn] = frozenset()) -> Reply:
         """POST /jobs: admit like /execute, answer 202 with a job id at once, run in the background."""
         rid = log.request_id
@@ -396,7 +408,7 @@ class Engine:
         job_id = uuid.uuid4().hex
         self._enter()
         try:
-            admitted = await self._prepare(body, content_type, f"job:{job_id}", log, opt_ins)
+            admitted = await self._prepare(body, content_type, _job_key(job_id), log, opt_ins)
         except BaseException:
             self._leave()
             raise
@@ -418,8 +430,8 @@ class Engine:
             code = reply.status_code
         except Exception as exc:  # noqa: BLE001 - record the failure for the poller
             code = 500
-            self.journal.begin(f"job:{job_id}", "")  # the failed run dropped the key
-            await self.journal.finish(f"job:{job_id}", StoredResponse(500, {"Content-Type": "application/json"},
+            self.journal.begin(_job_key(job_id), "")  # the failed run dropped the key
+            await self.journal.finish(_job_key(job_id), StoredResponse(500, {"Content-Type": "application/json"},
                                       error_reply(500, ErrorKind.ENGINE, f"{type(exc).__name__}: {exc}", log.request_id).body))
         finally:
             self._leave()
@@ -430,7 +442,7 @@ class Engine:
 
     def job_reply(self, job_id: str) -> Reply:
         """GET /jobs/{id}: 202 while it runs, then the stored answer (as /execute gives it)."""
-        entry = self.journal.get(f"job:{job_id}")
+        entry = self.journal.get(_job_key(job_id))
         if entry is None:
             return error_reply(404, ErrorKind.NOT_FOUND, f"no job {job_id!r} (unknown or expired)", "-")
         if entry.response is None:
@@ -507,8 +519,10 @@ class Engine:
         run: WorkerRun | None = None
         fds: list[int] = []
         try:
-            # Read-only descriptors of this program's blobs, and nothing else of the cache.
-            fds = [os.open(self.blobs.path(d), os.O_RDONLY | os.O_CLOEXEC) for d in unique]
+            # Read-only descriptors of this program's blobs, and nothing else of the cache;
+            # one at a time into `fds`, so that a failed open leaves none open.
+            for digest in unique:
+                fds.append(os.open(self.blobs.path(digest), os.O_RDONLY | os.O_CLOEXEC))
             run = await worker.run(job, program.options.timeout_seconds, self.leases, self.salt.seeds,
                                    self.config.max_response_bytes, fds)
         except asyncio.CancelledError:
@@ -654,6 +668,16 @@ class _Admitted:
     referenced: list[str]
     key: str | None
     opt_ins: frozenset[OptIn]
+
+
+# Journal keys: a client's Idempotency-Key and a job's id each under a prefix of their
+# own, so that no key a client chooses names a job's entry (`job:<id>` once did).
+def _client_key(idempotency_key: str) -> str:
+    return f"key:{idempotency_key}"
+
+
+def _job_key(job_id: str) -> str:
+    return f"job:{job_id}"
 
 
 def _key_binding(program_hash: str, opt_ins: frozenset[OptIn]) -> str:

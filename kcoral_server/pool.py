@@ -50,7 +50,7 @@ class WorkerRun:
     error: dict[str, Any] | None = None
     returns: list[tuple[str, Any]] = field(default_factory=list)
     parts: list[bytes] = field(default_factory=list)
-    part_bytes: int = 0
+    part_bytes: int = 0  # returned so far, counted against the response limit: binary parts and JSON nodes
     index: int | None = None
     timed_out: bool = False
     crashed: str | None = None  # description when the worker died mid-program
@@ -286,7 +286,12 @@ class WorkerHandle:
             res.timed_out = True
         except _TooLarge:
             pass
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError, TypeError, OSError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
+            # The worker is alive and said something no worker says: program code wrote on
+            # its channel (the kill that follows is ours, not the reason).
+            self.end()
+            res.crashed = f"the program broke its worker's channel: {type(exc).__name__}: {exc}"
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             self.end()
             res.crashed = _describe_exit(await self._exit_reason(5), exc)
         finally:
@@ -295,6 +300,12 @@ class WorkerHandle:
             if self.cgroup is not None:
                 res.oom_kills = self.cgroup.oom_kills()
         return res
+
+
+# Holdout seeds one program may draw in all (each call is at most MAX_HOLDOUT_SEEDS): a
+# bench draws a handful; program code writing to its channel could otherwise ask for
+# 100k seeds again and again, each batch ~0.4 s of the server's CPU.
+MAX_SEEDS_PER_REQUEST = 2 * MAX_HOLDOUT_SEEDS
 
 
 class _Conversation:
@@ -310,21 +321,23 @@ class _Conversation:
         self.leases = leases
         self.seeds = seeds
         self.max_part_bytes = max_part_bytes
+        self.seeds_drawn = 0
         self._held_since: float | None = None  # while this program holds the lease
 
     async def until_done(self, job: dict[str, Any]) -> None:
         await self.chan.send(job)
         while True:
             try:
-                msg, bins = await self.chan.recv(self.max_part_bytes - self.res.part_bytes)
-            except FrameTooLarge:  # refused from the header: nothing is buffered
+                frame = await self.chan.recv_frame(self.max_part_bytes - self.res.part_bytes)
+            except FrameTooLarge:  # refused before its oversized part was read
                 self.res.too_large = True
                 raise _TooLarge() from None
+            msg = frame.header
             t = msg.get("t")
             if t == "step":
                 self.res.index = int(msg["i"])
             elif t == "return":
-                self._returned(msg, bins)
+                self._returned(msg, frame.bins, frame.counted)
             elif t == "lease":
                 await self._lease()
             elif t == "release":
@@ -336,11 +349,16 @@ class _Conversation:
                 return
             else:
                 raise ValueError(f"unexpected worker message {t!r}")
+            # A worker writing frames without pause must not keep the loop to itself: with
+            # its frames already buffered, the reads above would never yield.
+            await asyncio.sleep(0)
 
-    def _returned(self, msg: dict[str, Any], bins: list[bytes]) -> None:
+    def _returned(self, msg: dict[str, Any], bins: list[bytes], counted: int) -> None:
+        # `counted`: the node's JSON as well as its binary parts, so a value returned as a
+        # long string (or a forged node) is bounded by the response limit like bytes are.
         self.res.returns.append((str(msg["key"]), msg["node"]))
-        self.res.part_bytes += sum(len(b) for b in bins)
-        if self.res.part_bytes > self.max_part_bytes:
+        self.res.part_bytes += counted
+        if self.res.part_bytes > self.max_part_bytes:  # recv_frame checked it; kept as a guard
             self.res.too_large = True
             raise _TooLarge()
         self.res.parts.extend(bins)
@@ -364,16 +382,18 @@ class _Conversation:
             self.leases.release(self.gpu)
 
     async def _seeds(self, msg: dict[str, Any]) -> None:
-        # Program code can write to this channel itself, bypassing the builtin's
-        # checks: an unbounded count would stall the event loop (and eat memory).
+        # Program code can write to this channel itself, bypassing the builtin's checks:
+        # the count is checked here, and so is the program's total.
         namespace, count = msg.get("namespace"), msg.get("count")
-        if (not isinstance(namespace, str) or not namespace or isinstance(count, bool)
-                or not isinstance(count, int) or not 0 <= count <= MAX_HOLDOUT_SEEDS):
-            await self.chan.send({"t": "seeds_err", "message": "holdout_seeds: namespace must be a "
-                                  f"non-empty string and count an integer in [0, {MAX_HOLDOUT_SEEDS}]"})
+        problem = _seeds_problem(namespace, count, self.seeds_drawn)
+        if problem is not None:
+            await self.chan.send({"t": "seeds_err", "message": problem})
             return
+        assert isinstance(namespace, str) and isinstance(count, int)
+        self.seeds_drawn += count
         try:
-            values = self.seeds(namespace, count)
+            # HMACs in a thread: 100k of them take ~0.4 s, which the event loop must not wait out.
+            values = await asyncio.to_thread(self.seeds, namespace, count)
             await self.chan.send({"t": "seeds_ok", "seeds": values})
         except Exception as exc:  # noqa: BLE001
             await self.chan.send({"t": "seeds_err", "message": str(exc)})
@@ -386,6 +406,18 @@ class _Conversation:
         bad = msg.get("bad_blobs")
         if isinstance(bad, list):
             res.bad_blobs = [d for d in bad if isinstance(d, str)][:1000]
+
+
+def _seeds_problem(namespace: Any, count: Any, drawn: int) -> str | None:
+    """Why a worker's seeds request is refused, or None."""
+    if (not isinstance(namespace, str) or not namespace or isinstance(count, bool)
+            or not isinstance(count, int) or not 0 <= count <= MAX_HOLDOUT_SEEDS):
+        return ("holdout_seeds: namespace must be a non-empty string and count an integer "
+                f"in [0, {MAX_HOLDOUT_SEEDS}]")
+    if drawn + count > MAX_SEEDS_PER_REQUEST:
+        return (f"holdout_seeds: a program may draw at most {MAX_SEEDS_PER_REQUEST} seeds in all; "
+                f"this one already drew {drawn}")
+    return None
 
 
 class _TooLarge(Exception):

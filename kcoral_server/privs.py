@@ -6,6 +6,7 @@ import ctypes
 import enum
 import os
 import signal
+from typing import NamedTuple
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -101,34 +102,59 @@ _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _RET_ALLOW = 0x7FFF0000
 _RET_EPERM = 0x00050000 | 1
-_LD_ABS_W, _JEQ_K, _RET_K = 0x20, 0x15, 0x06
-# Per architecture: (audit arch, the numbers of setsid and sched_setaffinity; x86_64's
-# x32 ABI numbers them again with bit 30 set).
-_CONFINED = {"x86_64": (0xC000003E, (112, 0x40000000 | 112, 203, 0x40000000 | 203)),
-             "aarch64": (0xC00000B7, (157, 122))}
+_LD_ABS_W, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
 
 
-def confine_scheduling() -> bool:
-    """setsid() and sched_setaffinity() fail with EPERM from now on, in this process and
-    its descendants.
+class _Abi(NamedTuple):
+    """What the filter denies on one architecture: its audit arch (a syscall made through
+    any other ABI, such as i386's `int 0x80` on x86_64, is denied outright), the first
+    number of a second ABI that shares it (x86_64's x32: numbers with bit 30 set; denied
+    outright too) and the confined calls' numbers."""
 
-    Two things bound a request's CPU share however many processes it forks: its worker's
-    session (the scheduler shares CPU fairly between sessions, autogroups, where the server
-    runs in the root cgroup) and its slot's CPUs (everywhere else: in a container's cgroup
-    autogroups do nothing). Neither may be left. Needs no-new-privs first. False where the
-    architecture is not known here."""
-    arch = _CONFINED.get(os.uname().machine)
-    if arch is None:
+    audit: int
+    numbers: tuple[int, ...]
+    second_abi: int | None = None
+
+
+# setsid, sched_setaffinity, add_key, request_key, keyctl.
+_ABIS = {"x86_64": _Abi(0xC000003E, (112, 203, 248, 249, 250), second_abi=0x40000000),
+         "aarch64": _Abi(0xC00000B7, (157, 122, 217, 218, 219))}
+
+
+def _filter(abi: _Abi) -> list[_SockFilter]:
+    """The BPF program: EPERM for a foreign ABI, the second ABI and the confined numbers."""
+    checks = [(_JGE_K, abi.second_abi)] if abi.second_abi is not None else []
+    checks += [(_JEQ_K, nr) for nr in abi.numbers]
+    n = len(checks)
+    # Jumps are relative to the next instruction: [0] load arch, [1] foreign arch -> deny,
+    # [2] load syscall number, [3..2+n] a denied number -> deny, [3+n] allow, [4+n] deny.
+    prog = [_SockFilter(_LD_ABS_W, 0, 0, 4), _SockFilter(_JEQ_K, 0, n + 2, abi.audit), _SockFilter(_LD_ABS_W, 0, 0, 0)]
+    prog += [_SockFilter(op, n - i, 0, k) for i, (op, k) in enumerate(checks)]
+    return prog + [_SockFilter(_RET_K, 0, 0, _RET_ALLOW), _SockFilter(_RET_K, 0, 0, _RET_EPERM)]
+
+
+def confine_syscalls() -> bool:
+    """From now on, in this process and its descendants, these fail with EPERM:
+
+    - setsid() and sched_setaffinity(). Two things bound a request's CPU share however
+      many processes it forks: its worker's session (the scheduler shares CPU fairly
+      between sessions, autogroups, where the server runs in the root cgroup) and its
+      slot's CPUs (everywhere else: in a container's cgroup autogroups do nothing).
+      Neither may be left.
+    - add_key(), request_key() and keyctl(): a uid's user keyring is the kernel's, not the
+      sandbox's, and outlives every request of the slot's fixed uid (and the server).
+    - every syscall through another ABI (i386's `int 0x80`, x32): each numbers the calls
+      anew, and a program here never needs one.
+
+    Needs no-new-privs first. False where the architecture is not known here."""
+    abi = _ABIS.get(os.uname().machine)
+    if abi is None:
         return False
-    audit, numbers = arch
-    n = len(numbers)
-    # Jumps are relative to the next instruction: [0] load arch, [1] other arch -> allow,
-    # [2] load syscall number, [3..2+n] a confined call -> deny, [3+n] allow, [4+n] deny.
-    prog = [_SockFilter(_LD_ABS_W, 0, 0, 4), _SockFilter(_JEQ_K, 0, 1 + n, audit), _SockFilter(_LD_ABS_W, 0, 0, 0)]
-    prog += [_SockFilter(_JEQ_K, n - i, 0, nr) for i, nr in enumerate(numbers)]
-    prog += [_SockFilter(_RET_K, 0, 0, _RET_ALLOW), _SockFilter(_RET_K, 0, 0, _RET_EPERM)]
+    prog = _filter(abi)
     filters = (_SockFilter * len(prog))(*prog)
     fprog = _SockFprog(len(prog), filters)
     _check(_libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(fprog),
                        ctypes.c_ulong(0), ctypes.c_ulong(0)))
     return True
+
+

@@ -72,14 +72,27 @@ def read_blob(blob: BlobRef, writable: bool = False) -> bytes | bytearray:
 
 
 def remove_tree(path: str) -> None:
-    """Remove a request directory even if the program made parts of it unwritable."""
+    """Remove a request directory even if the program made parts of it unwritable or
+    unreadable (mode 0: a server that is not root can neither list nor empty it)."""
+    _remove_tree(path, set())
 
+
+def _remove_tree(path: str, relisted: set[str]) -> None:
     def fix(func: Any, p: str, _exc: Any) -> None:
+        # Make `p` ours again and redo what failed. rmtree reports a directory it could not
+        # list with os.open or os.scandir (which need more than a path to call again): list
+        # it anew, once, as a tree of its own.
         try:
             os.chmod(os.path.dirname(p), 0o700)
             if os.path.isdir(p) and not os.path.islink(p):
                 os.chmod(p, 0o700)
-            func(p)
+                if func in (os.open, os.scandir) and p not in relisted:
+                    relisted.add(p)
+                    _remove_tree(p, relisted)
+                else:
+                    os.rmdir(p)
+            else:
+                os.unlink(p)
         except OSError:
             pass
 

@@ -288,7 +288,7 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
         if spec.get("init_pid"):
             # Every process of the request stays in this session and on its slot's CPUs,
             # which bounds its CPU share however many processes it forks (cpusets.py).
-            privs.confine_scheduling()
+            privs.confine_syscalls()
         os.environ.clear()
         os.environ.update(spec["env"])
         from .worker import serve

@@ -146,10 +146,11 @@ class ProgramSpec(_Strict):
         return list(seen)
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, within: str = "") -> str:
+    """The first errors, each at its field's path (under `within`, a field of the input)."""
     msgs = []
     for err in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        loc = ".".join(str(p) for p in ([within] if within else []) + list(err["loc"])) or "(root)"
         msgs.append(f"{loc}: {err['msg']}")
     return "; ".join(msgs)
 
@@ -173,11 +174,20 @@ def _parse_instruction(index: int, raw: Any) -> Instruction:
     else:
         raise WireError(f"instruction {index}: unknown op {op!r}")
     if op == "run" and isinstance(raw.get("fn"), dict):
-        raw = {**raw, "fn": Ref.model_validate(_check_ref_shape(index, raw["fn"]))}
+        raw = {**raw, "fn": _fn_ref(index, raw["fn"])}
     try:
         return cast(Instruction, model.model_validate(raw))
     except ValidationError as exc:
         raise WireError(f"instruction {index} ({op}): {_describe(exc)}") from None
+
+
+def _fn_ref(index: int, fn: dict[str, Any]) -> Ref:
+    """A run's `fn` given as an object: a reference (a string names a builtin), checked as
+    one, so a malformed one is a parse error that says what is wrong with it."""
+    try:
+        return Ref.model_validate(_check_ref_shape(index, fn))
+    except ValidationError as exc:
+        raise WireError(f"instruction {index} (run): {_describe(exc, 'fn')}") from None
 
 
 def _check_ref_shape(index: int, value: Any) -> Any:
