@@ -74,8 +74,8 @@ def _files(root: Path) -> list[tuple[str, ...]]:
     return sorted(found)
 
 
-def _open_file(root: Path, parts: tuple[str, ...]) -> tuple[int, int]:
-    """(descriptor, size) of a regular file beneath `root`, its folders opened one by one
+def _open_file(root: Path, parts: tuple[str, ...]) -> tuple[int, os.stat_result]:
+    """(descriptor, stat) of a regular file beneath `root`, its folders opened one by one
     without following a link (nothing outside the candidate is ever read)."""
     fd = _open_dir(root)
     try:
@@ -95,7 +95,7 @@ def _open_file(root: Path, parts: tuple[str, ...]) -> tuple[int, int]:
     if not stat.S_ISREG(st.st_mode):
         os.close(f)
         raise DigestError(f"{root.joinpath(*parts)} is not a regular file")
-    return f, st.st_size
+    return f, st
 
 
 def _chunks(fd: int, size: int) -> Iterator[bytes]:
@@ -118,18 +118,22 @@ def source_digest(root: str | Path, exclude: tuple[str, ...] = (PARAMS_FILE,)) -
 
 
 def _copy_and_digest(root: Path, dest: Path | None, exclude: tuple[str, ...] = (PARAMS_FILE,)) -> str:
-    """The digest of `root`; with `dest`, every file is also written there from the very
-    bytes hashed (params.json included: it is copied, not digested)."""
+    """The digest of `root`; with `dest`, every digested file is also written there from the
+    very bytes hashed (params.json, not digested, is not copied)."""
     h = hashlib.sha256()
     for parts in _files(root):
         rel = "/".join(parts)
-        fd, size = _open_file(root, parts)
+        if rel in exclude and dest is not None:
+            continue  # not digested, so not copied: nothing unchecked reaches a stage
+        fd, st = _open_file(root, parts)
+        size = st.st_size
         try:
             out = None
             if dest is not None:
                 target = dest.joinpath(*parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 out = open(target, "xb")
+                os.fchmod(out.fileno(), 0o755 if st.st_mode & 0o111 else 0o644)  # a helper script stays runnable
             try:
                 if rel not in exclude:
                     # Length-prefix both fields so no two different trees hash alike.
@@ -152,9 +156,9 @@ def _legacy_register_digest(root: Path) -> str:
     # read here so that their rows stay usable, never written.
     h = hashlib.sha256()
     for rel, parts in sorted(("/".join(p), p) for p in _files(root)):
-        fd, size = _open_file(root, parts)
+        fd, st = _open_file(root, parts)
         try:
-            data = b"".join(_chunks(fd, size))
+            data = b"".join(_chunks(fd, st.st_size))
         finally:
             os.close(fd)
         name = rel.encode()
@@ -166,7 +170,8 @@ def _legacy_register_digest(root: Path) -> str:
 def snapshot(directory: Path, expected: str, parent: Path, *, candidate_id: int | None = None) -> Path:
     """A private copy of the candidate's folder, written from the same bytes its digest is
     computed from, in `parent` under the folder's own name; SourcesChanged unless that
-    digest is `expected`. A stage runs the copy, never the folder: checking the folder and
+    digest is `expected`. params.json is left out (a candidate could change it unseen);
+    the caller writes it from the candidate's record. A stage runs the copy, never the folder: checking the folder and
     then reading it again left a window in which an agent swapped a file, and the server
     ran sources other than those the leaderboard credits (seen in 4 of 25 stages)."""
     dest = parent / directory.name

@@ -38,7 +38,7 @@ from evolve.preflight import PreflightError, health_gpus, probe_ncu, problems, t
 from evolve.promotion import Decision, Promoter
 from evolve.render import RenderError, render_candidate
 from evolve.run_progress import Progress
-from evolve.safe_text import safe_text
+from evolve.safe_text import safe_line, safe_text
 from evolve.search_view import SearchView
 from evolve.strategies import Parent, SearchState, make_strategy, point_key
 from evolve.strategies.base import Failed, Proposal, Strategy
@@ -608,7 +608,7 @@ class SearchLoop:
         if decision is not None:
             verb = "promoted" if decision.promoted else "not promoted"
             # The reason quotes a failed confirmation's message: the candidate's words.
-            self.stream.write(f"\nevolve: candidate {decision.candidate_id} {verb}: {safe_text(decision.reason)}\n")
+            self.stream.write(f"\nevolve: candidate {decision.candidate_id} {verb}: {safe_line(decision.reason)}\n")
             if decision.promoted:
                 self.events.emit(EventKind.PROMOTION, run_id=self._run_id, workload=self.config.workload_name,
                                  **decision.model_dump())

@@ -21,7 +21,7 @@ import jinja2
 from evolve.digest import PARAMS_FILE, source_digest
 from evolve.families import Family
 
-__all__ = ["PARAMS_FILE", "RenderError", "render_candidate", "render_sources", "source_digest"]
+__all__ = ["PARAMS_FILE", "RenderError", "params_record", "render_candidate", "render_sources", "source_digest"]
 
 
 class RenderError(RuntimeError):
@@ -61,6 +61,11 @@ def render_sources(family: Family, params: Mapping[str, Any], suffix: str = "") 
     return files
 
 
+def params_record(family: str, params: dict[str, Any]) -> str:
+    """params.json: which family and point a rendered folder holds (not digested)."""
+    return json.dumps({"family": family, "params": params}, indent=2, sort_keys=True) + "\n"
+
+
 def render_candidate(family: Family, params: Mapping[str, Any], dest_root: str | Path) -> Path:
     """Render `params` of `family` into `dest_root/<digest>/` and return that folder."""
     dest_root = Path(dest_root)
@@ -75,9 +80,7 @@ def render_candidate(family: Family, params: Mapping[str, Any], dest_root: str |
         final = dest_root / digest
         if final.is_dir():
             return final
-        (tmp / PARAMS_FILE).write_text(
-            json.dumps({"family": family.name, "params": point}, indent=2, sort_keys=True) + "\n",
-            encoding="utf-8")
+        (tmp / PARAMS_FILE).write_text(params_record(family.name, point), encoding="utf-8")
         try:
             os.rename(tmp, final)
         except OSError:

@@ -29,6 +29,12 @@ def safe_text(text: str) -> str:
     return _UNSAFE.sub(_visible, text)
 
 
+def safe_line(text: str) -> str:
+    """`safe_text` for a one-line context, newlines shown too: a candidate's newline there
+    would start a line the reader takes for evolve's own (a forged `#12 bench passed`)."""
+    return safe_text(text).replace("\n", "\\n")
+
+
 class SafeFormatter(logging.Formatter):
     """A log formatter for the terminal: log records quote candidates' messages too."""
 

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .errors import NcuError
-from .ncu_columns import NAME_COLUMNS, is_metric_column, profile_fields
+from .ncu_columns import NAME_COLUMNS, header_row, is_metric_column, profile_fields
 
 # Model field -> ncu metric. The "excessive" column is labelled `byte` by ncu but its value
 # is the sector count that the SourceCounters rule text reports.
@@ -75,12 +75,7 @@ def parse_number(text: str) -> float | None:
 def parse_raw_csv(text: str) -> NcuMetrics:
     """Parse the raw CSV page; tolerant of ``==PROF==``/warning lines before the header."""
     rows = list(csv.reader(io.StringIO(text)))
-    header_at = None
-    for i, row in enumerate(rows):
-        names = [c.strip() for c in row]
-        if "ID" in names and any(n in names for n in NAME_COLUMNS):
-            header_at = i
-            break
+    header_at = header_row(rows)
     if header_at is None:
         if not text.strip():
             raise NcuError("ncu printed no CSV (was any kernel profiled?)")

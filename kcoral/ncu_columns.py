@@ -29,6 +29,15 @@ _NOT_STALLS = {"selected"}  # the warp that issued, listed among the reasons
 TOP_STALLS = 4
 
 
+def header_row(rows: list[list[str]]) -> int | None:
+    """The index of the page's header (ncu prints `==PROF==` and warning lines before it)."""
+    for i, row in enumerate(rows):
+        names = [c.strip() for c in row]
+        if "ID" in names and any(n in names for n in NAME_COLUMNS):
+            return i
+    return None
+
+
 def is_metric_column(name: str) -> bool:
     # ncu metric names are lower-case identifiers (gpu__time_duration.sum,
     # memory_l2_theoretical_sectors_global); the descriptive columns (ID, Kernel Name,
@@ -67,8 +76,7 @@ def profile_columns(text: str) -> str:
     """A raw CSV page cut to its descriptive columns and the profile metrics (`--set full`
     prints over a thousand columns a launch; these are a few dozen)."""
     rows = list(csv.reader(io.StringIO(text)))
-    at = next((i for i, row in enumerate(rows)
-               if "ID" in (names := [c.strip() for c in row]) and any(n in names for n in NAME_COLUMNS)), None)
+    at = header_row(rows)
     if at is None:
         return ""
     header = [c.strip() for c in rows[at]]

@@ -39,7 +39,7 @@ def build_app(engine: Engine, auth: BearerAuth, join: RouterJoin | None = None) 
         # A memoryview, which the engine only measures and hands to parse_execute_body:
         # released there once parsed, so a queued or running request no longer holds its
         # body (a bytes object would stay alive in these frames until the answer).
-        return await read_body(request, engine.config.max_request_bytes)
+        return await read_body(request, engine.config.max_request_bytes, engine.config.header_timeout_seconds)
 
     async def health(request: Request) -> Response:
         return JSONResponse(engine.health(AUTHENTICATED in request.auth.scopes))

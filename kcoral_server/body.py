@@ -1,5 +1,7 @@
-"""Reading a request body within the server's size limit."""
+"""Reading a request body within the server's size limit, and at a pace."""
 from __future__ import annotations
+
+import asyncio
 
 from starlette.requests import Request
 
@@ -13,8 +15,17 @@ class RequestTooLarge(Exception):
         self.limit = limit
 
 
-async def read_body(request: Request, limit: int) -> memoryview:
-    """The whole body; stops reading as soon as it is known to be too large.
+class BodyStalled(Exception):
+    """No piece of the body came for `seconds` (answered 408): a client trickling bodies
+    would otherwise hold connections past the head timeout, and --max-connections with them."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the request body stalled: nothing came for {seconds:g} s")
+
+
+async def read_body(request: Request, limit: int, stall_seconds: float | None = None) -> memoryview:
+    """The whole body; stops reading as soon as it is known to be too large, or when no
+    piece of it comes for `stall_seconds`.
 
     Gathered in one bytearray (no second copy to join chunks) and handed out as a
     memoryview, which `parse_execute_body` releases once parsed: the request then no
@@ -23,8 +34,14 @@ async def read_body(request: Request, limit: int) -> memoryview:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestTooLarge(limit)
     buf = bytearray()
-    async for chunk in request.stream():
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), stall_seconds)
+        except StopAsyncIteration:
+            return memoryview(buf)
+        except TimeoutError:
+            raise BodyStalled(stall_seconds or 0.0) from None
         if len(buf) + len(chunk) > limit:
             raise RequestTooLarge(limit)
         buf += chunk
-    return memoryview(buf)

@@ -27,6 +27,9 @@ RETURN_FLAG = 1 << 31            # set in the length word of a `return` frame
 _MAX_LEN = RETURN_FLAG - 1       # the longest header a length word can state
 MAX_HEADER = 256 << 20           # what a worker reads from the server (trusted: a job, 100k seeds)
 MAX_WORKER_HEADER = 1 << 20      # what the server reads from a worker, but for `return` frames
+# A returned value's JSON (bytes and arrays travel as attachments): parsed, JSON takes up to
+# ~25 times its size in memory, in the server's process, outside any request's cgroup.
+MAX_RETURN_HEADER = 64 << 20
 THREAD_PARSE_BYTES = 64 << 10    # headers from this size on are parsed off the event loop
 FDS_PER_MESSAGE = 200  # blob descriptors per SCM_RIGHTS message (the kernel takes at most 253)
 
@@ -76,7 +79,8 @@ class SyncChannel:
 
 
 class FrameTooLarge(Exception):
-    """A worker's frame would exceed the budget the reader gave (a response's room left)."""
+    """A worker's frame would exceed the budget the reader gave (a response's room left),
+    or a returned value's JSON MAX_RETURN_HEADER; the message says which."""
 
 
 @dataclass
@@ -113,6 +117,9 @@ def _check_header_length(n: int, is_return: bool, budget: int | None) -> None:
             raise ValueError(f"oversized channel header from worker ({n} bytes)")
     elif budget is None:
         raise ValueError("unexpected return frame from worker")
+    elif n > MAX_RETURN_HEADER:
+        raise FrameTooLarge(f"a returned value's JSON is {n} bytes, over {MAX_RETURN_HEADER}: return large "
+                            "data as bytes or an array (an attachment)")
     elif n > budget:
         raise FrameTooLarge()
 
@@ -153,6 +160,8 @@ class AsyncChannel:
         if flagged and not is_return:
             raise ValueError("a frame flagged as a return is not one")
         bins = _bin_lengths(header)
+        if bins and not is_return:  # only a return carries attachments: these would be read for nothing
+            raise ValueError(f"attachments on a {header.get('t')!r} frame from worker")
         counted = sum(bins) + (n if is_return else 0)
         if budget is not None and counted > budget:
             raise FrameTooLarge()

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(p, "--max-connections", "max_connections", int,
              "HTTP connections open at once; requests beyond get 503 and further connections are closed")
     _setting(p, "--header-timeout", "header_timeout_seconds", float,
-             "seconds a connection has to send a complete request head, from its opening or its last response")
+             "seconds a connection has to send a complete request head, from its opening or its last "
+             "response; and the longest wait between pieces of a request body (then 408)")
     _setting(p, "--blob-cache-bytes", "blob_cache_bytes", int, "blob cache capacity")
     p.add_argument("--blob-dir", help="parent folder of the blob cache (default: /dev/shm if roomy, else $TMPDIR)")
     p.add_argument("--work-dir", help="parent folder of request workspaces (default: /dev/shm if roomy, else $TMPDIR)")

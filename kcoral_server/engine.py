@@ -553,7 +553,8 @@ class Engine:
             return _timeout_reply(program, run, rid, {**common, **timings}, output)
         if run.too_large:
             log.fields["status"] = "TOO_LARGE"
-            return error_reply(500, ErrorKind.RESPONSE_TOO_LARGE, f"results exceed {self.config.max_response_bytes} bytes", rid, **common)
+            why = run.too_large_reason or f"results exceed {self.config.max_response_bytes} bytes"
+            return error_reply(500, ErrorKind.RESPONSE_TOO_LARGE, why, rid, **common)
         if run.oom_kills:
             log.fields["oom_kills"] = run.oom_kills
         status, error = _outcome(program, run)

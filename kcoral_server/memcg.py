@@ -23,6 +23,7 @@ from pathlib import Path
 from .reqlog import log_event
 
 PREFIX = "kcoral-server-"   # the server's folder: kcoral-server-<pid>
+SERVER_LEAF = "server"      # cgroup v2: where the server itself moves (see _delegate)
 GiB = 1 << 30
 
 
@@ -46,15 +47,23 @@ class _Layout:
         return "memory.oom_control" if self.version == 1 else "memory.events"
 
 
-def _mounts() -> list[tuple[str, str, list[str]]]:
-    """(mount point, type, options) of every cgroup hierarchy this process sees."""
+def _mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(root within its hierarchy, mount point, type, options) of every cgroup mount we
+    see, from mountinfo: in a container the mount's root is the container's own cgroup, not
+    the hierarchy's, and /proc/self/cgroup's paths start from the hierarchy's."""
     found = []
-    with open("/proc/self/mounts") as fh:
+    with open("/proc/self/mountinfo") as fh:
         for line in fh:
-            parts = line.split()
-            if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
-                found.append((parts[1].replace("\\040", " "), parts[2], parts[3].split(",")))
+            head, _, tail = line.partition(" - ")
+            fields, rest = head.split(), tail.split()
+            if len(fields) >= 6 and len(rest) >= 3 and rest[0] in ("cgroup", "cgroup2"):
+                found.append((_unescape(fields[3]), _unescape(fields[4]), rest[0],
+                              set(rest[2].split(",")) | set(fields[5].split(","))))
     return found
+
+
+def _unescape(field: str) -> str:
+    return field.replace("\\040", " ")  # mountinfo's spelling of a space
 
 
 def _own_paths() -> dict[str, str]:
@@ -68,18 +77,24 @@ def _own_paths() -> dict[str, str]:
     return paths
 
 
+def _beneath(point: str, root: str, path: str) -> Path | None:
+    """Where `path` (from the hierarchy's root) is under a mount of `root` at `point`."""
+    rel = os.path.relpath(path, root)
+    return None if rel.startswith("..") else Path(point) / ("" if rel == "." else rel)
+
+
 def _locate() -> _Layout:
     """The hierarchy that has the memory controller, and our cgroup in it."""
     mounts, own = _mounts(), _own_paths()
-    for point, kind, options in mounts:
+    for root, point, kind, options in mounts:
         if kind == "cgroup" and "memory" in options and "memory" in own:
-            return _Layout(1, Path(point) / own["memory"].lstrip("/"))
-    for point, kind, _ in mounts:
-        if kind == "cgroup2" and "" in own:
-            path = Path(point) / own[""].lstrip("/")
+            if (path := _beneath(point, root, own["memory"])) is not None:
+                return _Layout(1, path)
+    for root, point, kind, _ in mounts:
+        if kind == "cgroup2" and "" in own and (path := _beneath(point, root, own[""])) is not None:
             if "memory" in (path / "cgroup.controllers").read_text().split():
                 return _Layout(2, path)
-    raise OSError(errno.ENOENT, "no cgroup hierarchy with the memory controller is mounted")
+    raise OSError(errno.ENOENT, "no cgroup hierarchy with the memory controller is mounted where we are")
 
 
 def _write(path: Path, text: str) -> None:
@@ -130,8 +145,7 @@ class RequestCgroups:
             root = layout.own / f"{PREFIX}{os.getpid()}"
             root.mkdir(exist_ok=True)
             if layout.version == 2:
-                # Children get the memory files only if the parent hands the controller down.
-                _write(root / "cgroup.subtree_control", "+memory")
+                _delegate(layout.own, root)
             self = cls(layout, root, limit_bytes)
             self.new("probe").remove()  # a limit that cannot be set fails here, not per request
             return self
@@ -154,10 +168,35 @@ class RequestCgroups:
         return RequestCgroup(path, self.layout)
 
     def close(self) -> None:
-        _remove_tree(self.root)
+        """The request cgroups; on v2 the folder itself stays while the server lives in its
+        leaf (the next server's sweep removes it)."""
+        for child in self.root.iterdir():
+            if child.is_dir() and child.name != SERVER_LEAF:
+                _rmdir(child, 20)
+        _rmdir(self.root)
 
     def describe(self) -> dict[str, object]:
         return {"version": self.version, "limit_bytes": self.limit_bytes}
+
+
+def _delegate(own: Path, root: Path) -> None:
+    """cgroup v2: hand `memory` down to the request cgroups under `root`. A cgroup with
+    processes in it may not hand controllers down (only the hierarchy's root may), and ours
+    holds the server: so the server moves into a leaf of its own, `root/server`, first.
+    Where other processes share our cgroup (a shell, the orchestrator that started an
+    embedded server) the hand-down is refused and the server moves back."""
+    controllers = (own / "cgroup.subtree_control").read_text().split()
+    leaf = root / SERVER_LEAF
+    leaf.mkdir(exist_ok=True)
+    _write(leaf / "cgroup.procs", str(os.getpid()))
+    try:
+        if "memory" not in controllers:
+            _write(own / "cgroup.subtree_control", "+memory")
+        _write(root / "cgroup.subtree_control", "+memory")
+    except OSError:
+        _write(own / "cgroup.procs", str(os.getpid()))
+        _rmdir(leaf, 20)
+        raise
 
 
 class RequestCgroup:

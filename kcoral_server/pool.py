@@ -58,6 +58,7 @@ class WorkerRun:
     lease_wait_ms: float = 0.0
     lease_held_ms: float = 0.0
     too_large: bool = False
+    too_large_reason: str | None = None  # why, where not the response's size limit
     bad_blobs: list[str] = field(default_factory=list)
     oom_kills: int = 0  # processes the kernel killed for the request's memory limit
 
@@ -329,8 +330,9 @@ class _Conversation:
         while True:
             try:
                 frame = await self.chan.recv_frame(self.max_part_bytes - self.res.part_bytes)
-            except FrameTooLarge:  # refused before its oversized part was read
+            except FrameTooLarge as exc:  # refused before its oversized part was read
                 self.res.too_large = True
+                self.res.too_large_reason = str(exc) or None
                 raise _TooLarge() from None
             msg = frame.header
             t = msg.get("t")

@@ -25,7 +25,7 @@ from evolve.pipeline import bench as bench_stage
 from evolve.pipeline.runner import run_stage
 from evolve.population import Candidate, Population, StageResult
 from evolve.promotion import Promoter
-from evolve.safe_text import safe_text
+from evolve.safe_text import safe_line, safe_text
 from evolve.stage_progress import StageProgress
 from evolve.vocabulary import PIPELINE_STAGES, EvaluationStatus, Stage
 
@@ -177,13 +177,13 @@ def main(args: argparse.Namespace) -> int:
     for ev in pop.evaluations(cand.id):
         extra = f" {ev.speedup:.3f}x ({ev.ms:.4f} ms)" if ev.speedup is not None and ev.ms is not None else ""
         kind = f" [{ev.failure_kind}]" if ev.failure_kind else ""
-        print(safe_text(f"#{ev.id} {ev.stage:8s} {ev.status}{kind}{extra} {ev.message[:200]}".rstrip()))
+        print(safe_line(f"#{ev.id} {ev.stage:8s} {ev.status}{kind}{extra} {ev.message[:200]}".rstrip()))
     if decision is not None:
-        print(safe_text(f"{'promoted' if decision.promoted else 'not promoted'}: {decision.reason}"))
+        print(safe_line(f"{'promoted' if decision.promoted else 'not promoted'}: {decision.reason}"))
     if rebenched is not None:
         print(rebench_summary(rebenched))
     elif args.rebench:
         print(f"rebench: not run (candidate {cand.id} has no passed bench)")
     if outcome.skipped:
-        print(safe_text(f"candidate {cand.id}: {outcome.message}"))
+        print(safe_line(f"candidate {cand.id}: {outcome.message}"))
     return 0 if outcome.passed else 1

@@ -80,8 +80,10 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
                 report = nvcc.compile_cuda(src, arch, flags, timeout=cfg.timeout)
             except subprocess.TimeoutExpired:
                 return _failed(FailureKind.TIMEOUT, f"nvcc {src.name}: longer than {cfg.timeout:.0f} s")
-            except nvcc.NvccRefused as exc:  # an include out of the folder, or no sandbox for nvcc here
+            except nvcc.NvccRefused as exc:  # an include out of the folder
                 return _failed(FailureKind.CHECK, f"nvcc {src.name}: not run: {exc}")
+            except nvcc.NvccUnavailable as exc:  # no sandbox for nvcc here: not the candidate's failure
+                return _failed(FailureKind.UNAVAILABLE, f"nvcc {src.name}: not run: {exc}")
             if not report.ok:
                 return _failed(FailureKind.COMPILE, f"nvcc {src.name} for {arch}:\n{report.log}")
             compiled[src.name] = {k: v.model_dump() for k, v in report.kernels.items()}

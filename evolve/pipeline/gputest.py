@@ -1,8 +1,6 @@
 """The gputest stage: the workload's small correctness cases across regimes."""
 from __future__ import annotations
 
-import math
-
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TRANSIENT_KINDS, TransportTrouble, normalise_kind
@@ -29,15 +27,9 @@ def stored_regimes(regimes: dict[str, float]) -> tuple[dict[str, float], int]:
 
 def nonfinite_regimes(stdout: str) -> list[str]:
     """The regimes whose bad line is not a finite number (parse_bad_lines counts them as 1.0)."""
-    from kcoral.bench.run import BAD_LINE
+    from kcoral.bench.run import bad_line_values
 
-    def finite(text: str) -> bool:
-        try:
-            return math.isfinite(float(text))
-        except ValueError:
-            return False
-
-    return sorted({m.group("name")[:MAX_REGIME_CHARS] for m in BAD_LINE.finditer(stdout) if not finite(m.group("frac"))})
+    return sorted({name[:MAX_REGIME_CHARS] for name, frac in bad_line_values(stdout) if frac is None})
 
 
 def run(ctx: StageContext, cand: Candidate) -> StageResult:
@@ -50,8 +42,7 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
     if not rep.passed and not rep.regimes and rep.message.split(":")[0] in TRANSIENT_KINDS:
         raise TransportTrouble(rep.message)
     # Non-finite is all bad here too: NaN would pass no check and break the row's json.
-    all_regimes = {str(k): float(v) if math.isfinite(float(v)) else 1.0
-                   for k, v in (getattr(rep, "regimes", {}) or {}).items()}
+    all_regimes = {str(k): float(v) for k, v in (getattr(rep, "regimes", {}) or {}).items()}  # finite: parse_bad_lines
     regimes, left_out = stored_regimes(all_regimes)
     capped = {"regimes_left_out": left_out} if left_out else {}
     odd = nonfinite_regimes(rep.stdout or "")

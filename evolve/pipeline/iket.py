@@ -17,11 +17,12 @@ from evolve.population import Candidate, StageLogs, StageResult
 from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
 # The candidate writes the buffer, so its trace is hostile: each is refused past this size
-# before it is read (the converter writes ~110 bytes a record, ~285 with a new warp each:
-# 110k-300k records fit), and what is stored is capped, so one row stays small (measured
-# before: 600k records took 1.7 GiB of orchestrator memory and 28 MB of metrics).
-MAX_TRACE_BYTES = 32 << 20
-MAX_TRACES_BYTES = 2 * MAX_TRACE_BYTES  # what the server may send at all: it refuses beyond
+# before it is read, and what is stored is capped, so one row stays small (measured before:
+# 600k records took 1.7 GiB of orchestrator memory and 28 MB of metrics). The size holds a
+# full buffer of the templates' default capacity (iket_host.py: 2^18 records; the converter
+# writes ~110 bytes a record, ~285 with a new warp each: 75 MB at most).
+MAX_TRACE_BYTES = 96 << 20
+MAX_TRACES_BYTES = 256 << 20  # what the server may send at all: it refuses beyond
 MAX_STAGE_KEYS = 256   # warp x stage keys stored per trace; the busiest are kept
 MAX_TRACES = 16        # traces (kernels) summarised per candidate
 MAX_NAME_CHARS = 120   # of a stored key or trace name (the meta's names are the candidate's)

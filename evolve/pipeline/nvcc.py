@@ -7,10 +7,9 @@ sandbox that sees the system read-only (/usr, /lib*, the few /etc files the load
 the CUDA toolkit, the candidate's folder read-only at SANDBOX_SOURCE and one private
 scratch folder, writable, at SANDBOX_SCRATCH: no home, no database, no host /tmp, no other
 process, no network, no capabilities, an environment of its own and a bounded address space.
-Without a working bwrap nvcc is not run at all (NvccRefused)."""
+Without a working bwrap nvcc is not run at all (NvccUnavailable)."""
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
@@ -47,7 +46,11 @@ _SANDBOX_PREFIX = re.compile(rf"(?<![\w.~/-])(?:{re.escape(SANDBOX_SOURCE)}|{re.
 
 
 class NvccRefused(Exception):
-    """nvcc was not run: the sources or this machine do not allow running it safely."""
+    """nvcc was not run: the sources include what they may not (the candidate's doing)."""
+
+
+class NvccUnavailable(Exception):
+    """nvcc was not run: this machine cannot confine it (the machine's doing, not the candidate's)."""
 
 
 class KernelResources(BaseModel):
@@ -200,9 +203,13 @@ def sandbox_env(toolkit: str | None) -> dict[str, str]:
             "HOME": SANDBOX_SCRATCH}
 
 
-@functools.cache
+_WORKS: set[str] = set()  # bwraps that built a sandbox here (a failure is checked again next time)
+
+
 def _probe(bwrap: str) -> str | None:
-    """None if bwrap can build the sandbox here, else why not (checked once per process)."""
+    """None if bwrap can build the sandbox here, else why not."""
+    if bwrap in _WORKS:
+        return None
     argv = [*_base_argv(bwrap), "--", *limited(["/bin/sh", "-c", ":"], MEMORY_LIMIT_BYTES)]
     try:
         out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
@@ -211,6 +218,7 @@ def _probe(bwrap: str) -> str | None:
         return f"bwrap could not run: {exc}"
     if out.returncode != 0:
         return f"bwrap cannot build a sandbox here: {(out.stderr or out.stdout).strip()[-300:]}"
+    _WORKS.add(bwrap)
     return None
 
 
@@ -247,8 +255,8 @@ def _tail(f: BinaryIO, chars: int) -> str:
 def compile_cuda(source: Path, arch: str, extra_flags: list[str], timeout: float,
                  memory_bytes: int = MEMORY_LIMIT_BYTES) -> CompileReport:
     """nvcc -cubin -Xptxas -v, confined (see the module's doc); the include path is the
-    source's folder. NvccRefused: a source includes by an absolute or `..` path, or no
-    sandbox can be built here."""
+    source's folder. NvccRefused: a source includes by an absolute or `..` path;
+    NvccUnavailable: no sandbox can be built here."""
     exe = nvcc_path()
     if exe is None:
         raise FileNotFoundError("nvcc not found")
@@ -258,7 +266,7 @@ def compile_cuda(source: Path, arch: str, extra_flags: list[str], timeout: float
         raise NvccRefused("; ".join(problems))
     problem = sandbox_problem()
     if problem:
-        raise NvccRefused(problem)
+        raise NvccUnavailable(problem)
     toolkit = toolkit_root(exe)
     nv = [str(Path(exe).resolve()), gencode(arch), "-cubin", "-Xptxas", "-v", *extra_flags,
           "-I", ".", "-o", f"{SANDBOX_SCRATCH}/out.cubin", source.name]

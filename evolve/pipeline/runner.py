@@ -16,14 +16,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from evolve.digest import snapshot
+from evolve.digest import PARAMS_FILE, snapshot
 from evolve.pipeline import bench, check, gputest, iket, ncu
 from evolve.pipeline.context import StageContext
 from evolve.pipeline.errors import failure_kind, is_outcome_unknown, is_transport_error
 from evolve.population import Candidate, StageLogs, StageResult
+from evolve.render import params_record
 from evolve.stage_progress import StageEvent, StagePhase
 from evolve.vocabulary import LOCAL_STAGES, EvaluationStatus, FailureKind, Stage
 
@@ -113,11 +114,13 @@ def run_stage(ctx: StageContext, stage: Stage, cand: Candidate, retry_of: int | 
 
 
 def _record(ctx: StageContext, eid: int, result: StageResult) -> StageResult:
-    """Close the row with the result. One the database refuses is closed as a failure that
-    says so: a row left `running` would have every `--resume` run the stage again."""
+    """Close the row with the result. One whose values the database refuses is closed as a
+    failure that says so: a row left `running` would have every `--resume` run the stage
+    again. Any other database error (locked, connection lost) propagates: the row stays
+    `running` for a resume to run again, as for a process that died."""
     try:
         closed = ctx.pop.finish_stage(eid, result)
-    except SQLAlchemyError as exc:
+    except DataError as exc:
         log.exception("evaluation %s: the result could not be recorded", eid)
         result = StageResult(status=EvaluationStatus.FAILED, failure_kind=FailureKind.RUNTIME,
                              message=f"the stage's result could not be recorded: {type(exc).__name__}: {exc}"[:4000])
@@ -134,6 +137,8 @@ def running_copy(ctx: StageContext, cand: Candidate) -> Iterator[Candidate]:
     server is what the leaderboard credits, whatever happens to the folder meanwhile."""
     with tempfile.TemporaryDirectory(prefix="evolve-stage-") as tmp:
         copy = snapshot(ctx.restored_dir(cand), cand.digest, Path(tmp), candidate_id=cand.id)
+        if cand.family and cand.params:  # the rendering record, from the database rather than the folder
+            (copy / PARAMS_FILE).write_text(params_record(cand.family, cand.params), encoding="utf-8")
         yield cand.model_copy(update={"directory": str(copy)})
 
 

@@ -6,6 +6,7 @@ import math
 import re
 import secrets
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,21 +121,25 @@ def client_seeds(count: int) -> list[int]:
     return [secrets.randbits(64) for _ in range(count)]
 
 
+def bad_line_values(stdout: str) -> Iterator[tuple[str, float | None]]:
+    """Every `regime=NAME bad=X` line's name and value, None where X is not a finite number."""
+    for m in BAD_LINE.finditer(stdout):
+        try:
+            frac = float(m.group("frac"))
+        except ValueError:
+            frac = math.nan
+        yield m.group("name"), frac if math.isfinite(frac) else None
+
+
 def parse_bad_lines(stdout: str) -> dict[str, float]:
     """{regime: bad fraction} from `regime=NAME bad=X` lines. The candidate shares stdout, so
     a regime printed twice keeps its worst value (a later `bad=0` cannot hide a bad line), and
     a value that is not a finite number counts as 1.0, all bad (no NaN, which PostgreSQL's json
     refuses; the evolve gputest stage names such regimes)."""
     out: dict[str, float] = {}
-    for m in BAD_LINE.finditer(stdout):
-        try:
-            frac = float(m.group("frac"))
-        except ValueError:
-            frac = 1.0
-        if not math.isfinite(frac):
-            frac = 1.0
-        name = m.group("name")
-        out[name] = max(frac, out.get(name, frac))
+    for name, frac in bad_line_values(stdout):
+        worst = 1.0 if frac is None else frac
+        out[name] = max(worst, out.get(name, worst))
     return out
 
 

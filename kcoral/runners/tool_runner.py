@@ -33,6 +33,7 @@ except NameError:  # imported as a normal module (tests, local use)
 REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
 DEFAULT_OUTPUT_CAP = 4 << 20  # bytes of stdout and of stderr kept per run
 DEFAULT_FILES_CAP = 512 << 20  # bytes of collected output files per run
+PROFILE_IMPORT_MIN_S = 10.0  # the profile page is read only with this much of the timeout left
 
 
 class RunnerError(RuntimeError):
@@ -334,11 +335,14 @@ def run_ncu(archive: bytes, spec: dict) -> dict:
             result["import_exit_code"] = imp["exit_code"]
             result["import_stderr"] = imp["stderr"]
             # Best effort, never the tool's failure: the whole raw page, cut to the profile
-            # metrics (kcoral/ncu.py says why they are matched rather than named).
-            left = max(5.0, deadline - time.monotonic())
-            page = _run([ncu, "--import", report, "--page", "raw", "--csv", "--print-units", "base"],
-                        ws.run_dir, env, left, _fresh(ws.scratch, "profile"), 64 << 20)
-            result["profile_csv"] = _ncu_columns.profile_columns(page["stdout"]) if page["exit_code"] == 0 else None
+            # metrics (kcoral/ncu_columns.py says why they are matched rather than named),
+            # only in the time left, so that it can never cost the report and key metrics.
+            left = deadline - time.monotonic()
+            if left >= PROFILE_IMPORT_MIN_S:
+                page = _run([ncu, "--import", report, "--page", "raw", "--csv", "--print-units", "base"],
+                            ws.run_dir, env, left, _fresh(ws.scratch, "profile"), 64 << 20)
+                if page["exit_code"] == 0 and not page["timed_out"]:
+                    result["profile_csv"] = _ncu_columns.profile_columns(page["stdout"])
     result["ignored_env"] = ignored
     return result
 

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kcoral.protocol.error_kind import ErrorKind
 
-from ..body import RequestTooLarge
+from ..body import BodyStalled, RequestTooLarge
 from ..reply import Reply, error_reply
 from .logging import request_id, request_log
 
@@ -48,6 +48,8 @@ def _answer(exc: Exception, scope: Scope) -> Reply:
     rid = request_id(scope)
     if isinstance(exc, RequestTooLarge):
         return error_reply(413, ErrorKind.REQUEST_TOO_LARGE, str(exc), rid)
+    if isinstance(exc, BodyStalled):
+        return error_reply(408, ErrorKind.PARSE, str(exc), rid)
     if isinstance(exc, ClientDisconnect):  # gone while sending the body: nothing ran
         if log is not None:
             log.fields["status"] = "CANCELLED"

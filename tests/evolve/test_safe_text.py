@@ -141,3 +141,11 @@ def test_the_run_loop_escapes_a_confirmation_failure_in_its_decision_line() -> N
                      Decision(candidate_id=1, promoted=False, reason=f"confirmation failed: {ATTACK}")))
     SearchLoop._account(loop, done, RunStats())  # type: ignore[arg-type]
     assert SHOWN in stream.getvalue() and "\x1b" not in stream.getvalue()
+
+
+def test_a_one_line_context_shows_newlines_too() -> None:
+    from evolve.safe_text import safe_line
+
+    forged = "boom\n#12 bench    passed 9.870x\x1b[2K"
+    assert safe_line(forged) == "boom\\n#12 bench    passed 9.870x\\x1b[2K"
+    assert "\n" not in safe_line(forged)

@@ -97,6 +97,33 @@ def test_forged_string_returns_cannot_pass_the_response_limit(limits_server: Ser
     assert r.json()["error"]["kind"] == "response_too_large"
 
 
+def test_a_return_flag_does_not_lift_the_cap_on_a_returned_values_json() -> None:
+    # A frame flagged as a return could announce a header as large as the response limit
+    # (4 GiB by default): parsed, JSON of nested empty lists takes ~25 times its size.
+    # Only the length word is sent: the server must refuse it from that alone.
+    src = ("def main():\n"
+           "    executor().chan.sock.sendall(struct.pack('>I', (1 << 31) | (96 << 20)))\n"
+           "    time.sleep(2)\n"
+           "    return 'sent'\n")
+    with ServerProcess(["--cpu-workers", "1"]) as srv:
+        r = _run(srv, src)
+        assert r.status_code == 500, r.text[:300]
+        assert r.json()["error"]["kind"] == "response_too_large"
+        assert "returned value's JSON" in r.json()["error"]["message"]
+
+
+def test_attachments_on_a_frame_that_is_not_a_return_are_refused_unread() -> None:
+    src = ("def main():\n"
+           "    raw = json.dumps({'t': 'step', 'i': 0, 'bin': [64 << 20]}).encode()\n"
+           "    executor().chan.sock.sendall(struct.pack('>I', len(raw)) + raw)\n"
+           "    time.sleep(2)\n"
+           "    return 'sent'\n")
+    with ServerProcess(["--cpu-workers", "1"]) as srv:
+        r = _run(srv, src)
+        assert r.status_code == 200 and r.json()["status"] == "FAILED", r.text[:300]
+        assert "attachments on a 'step' frame" in r.json()["error"]["message"]
+
+
 def test_a_program_draws_a_bounded_number_of_holdout_seeds(limits_server: ServerProcess) -> None:
     # 50 forged requests for 100k seeds once took 18 s of the event loop.
     src = ("def main():\n"
@@ -235,3 +262,20 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one(loris_server: Serve
         line = next(x for x in f if x.startswith("Max open files"))
     soft, hard = line.split()[3:5]
     assert soft == hard, line
+
+
+def test_a_body_that_stalls_is_answered_408(loris_server: ServerProcess) -> None:
+    # Past its head, a connection trickling its body held its slot as long as it liked.
+    with socket.create_connection(("127.0.0.1", loris_server.port), timeout=HEAD_TIMEOUT + 10) as s:
+        s.sendall(b"POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                  b"Content-Length: 1000\r\n\r\n--b\r\n")
+        t0 = time.monotonic()
+        answer = s.recv(4096)
+        assert time.monotonic() - t0 < HEAD_TIMEOUT + 3
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = int(next(v for k, _, v in (h.partition(b": ") for h in head.split(b"\r\n"))
+                          if k.lower() == b"content-length"))
+        while len(body) < length and (more := s.recv(4096)):
+            body += more
+    assert head.startswith(b"HTTP/1.1 408"), head[:200]
+    assert b"stalled" in body, body

@@ -93,26 +93,28 @@ def test_without_bwrap_nvcc_is_refused_not_run_unconfined(tmp_path: Path, no_nvc
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nvcc, "bwrap_path", lambda: None)
     d = _candidate(tmp_path, "plain", KERNEL)
-    with pytest.raises(nvcc.NvccRefused, match="install bubblewrap"):
+    with pytest.raises(nvcc.NvccUnavailable, match="install bubblewrap"):
         nvcc.compile_cuda(d / "kernel.cu", "sm_90a", [], timeout=60)
 
 
-def test_a_bwrap_that_cannot_build_the_sandbox_refuses_once_checked(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bwrap_that_cannot_build_the_sandbox_is_checked_again_until_it_can(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A failure is not remembered (it may be passing: a full /tmp, a namespace limit
+    # reached for a moment); a success is.
     calls: list[list[str]] = []
+    code = [1]
 
-    def failing(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    def probe(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         calls.append(argv)
-        return subprocess.CompletedProcess(argv, 1, "", "bwrap: No permissions to creating new namespace")
+        return subprocess.CompletedProcess(argv, code[0], "", "bwrap: No permissions to creating new namespace")
     monkeypatch.setattr(nvcc, "bwrap_path", lambda: "/opt/fake/bwrap")
-    monkeypatch.setattr(nvcc.subprocess, "run", failing)
-    nvcc._probe.cache_clear()
-    try:
-        for _ in range(2):
-            assert "No permissions to creating new namespace" in (nvcc.sandbox_problem() or "")
-    finally:
-        nvcc._probe.cache_clear()
-    assert len(calls) == 1 and calls[0][0] == "/opt/fake/bwrap"
+    monkeypatch.setattr(nvcc.subprocess, "run", probe)
+    monkeypatch.setattr(nvcc, "_WORKS", set())
+    for _ in range(2):
+        assert "No permissions to creating new namespace" in (nvcc.sandbox_problem() or "")
+    code[0] = 0
+    assert nvcc.sandbox_problem() is None and nvcc.sandbox_problem() is None
+    assert len(calls) == 3 and calls[0][0] == "/opt/fake/bwrap"
 
 
 def test_compile_runs_nvcc_only_through_the_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -86,7 +87,8 @@ def test_check_stage_records_resources_and_refuses_bad_candidates(toy_family, tm
     ctx, wid = _ctx(pop, client, workload, {"toy": fam})
 
     def add(directory, family="toy"):
-        cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="template", family=family,
+        params = json.loads((directory / "params.json").read_text())["params"]  # as a search registers it
+        cand, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="template", family=family, params=params,
                                                  digest=source_digest(directory), directory=str(directory)))
         return cand
 
