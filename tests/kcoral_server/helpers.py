@@ -85,3 +85,12 @@ def assert_gone_then_kill(argv: tuple[str, ...], within: float, why: str) -> Non
     finally:
         for pid in processes_with_argv(*argv):
             os.kill(pid, signal.SIGKILL)
+
+
+def needs_request_memory(srv: Any) -> None:
+    """Skip, saying why, where the server could make no memory cgroup per request (most
+    unprivileged servers; the attack tests of those cgroups need one)."""
+    import pytest
+
+    if srv.health()["sandbox"]["request_memory"] is None:
+        pytest.skip("no writable memory cgroup on this machine: the server runs without one")

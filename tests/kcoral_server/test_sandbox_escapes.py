@@ -25,7 +25,7 @@ from kcoral.protocol.program import parse_program
 from tests.gpu import gpu_available
 from tests.serverproc import ServerProcess
 
-from .helpers import assert_gone_then_kill, function_program, processes_with_argv, unique_sleep
+from .helpers import assert_gone_then_kill, function_program, needs_request_memory, processes_with_argv, unique_sleep
 
 TOKEN = "escape-test-token-0123456789abcdef"
 SALT = "escape-test-salt-fedcba9876543210"
@@ -472,8 +472,7 @@ def _request_cgroups(srv: ServerProcess) -> Path:
     """The server's folder of request cgroups (the test shares the server's own cgroup)."""
     from kcoral_server.memcg import PREFIX, _locate
 
-    if srv.health()["sandbox"]["request_memory"] is None:
-        pytest.skip("no writable memory cgroup on this machine: the server runs without one")
+    needs_request_memory(srv)
     assert srv.proc is not None
     return _locate().own / f"{PREFIX}{srv.proc.pid}"
 

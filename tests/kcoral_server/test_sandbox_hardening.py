@@ -29,7 +29,7 @@ from kcoral_server.engine import MAX_BLOBS_PER_PROGRAM
 from kcoral_server.workspace import remove_tree
 from tests.serverproc import ServerProcess
 
-from .helpers import function_program, post_program, sha
+from .helpers import function_program, needs_request_memory, post_program, sha
 
 REQUEST_MEMORY = 384 << 20
 
@@ -232,8 +232,7 @@ def test_an_idempotency_key_cannot_name_a_job(server: ServerProcess) -> None:
 def test_memfd_memory_counts_against_the_request(server: ServerProcess) -> None:
     # 3 GiB of memfds were held under a 2 GiB address-space limit (their pages are mapped
     # nowhere). The request's memory cgroup counts them: 512 MiB against 384 MiB.
-    if server.health()["sandbox"]["request_memory"] is None:
-        pytest.skip("no writable memory cgroup on this machine: the server runs without one")
+    needs_request_memory(server)
     hold = ("import os\n"
             "def main():\n"
             "    fd = os.memfd_create('hold')\n"
