@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sandbox", choices=[m.value for m in SandboxMode], default=_default("sandbox"),
                    help="isolation of each request: a bubblewrap sandbox (default), or none (programs run "
                         "as the server's uid and can reach the server; only for trusted clients)")
-    _setting(p, "--sandbox-uid", "sandbox_uid", int, "as root: worker slot i runs programs as uid/gid SANDBOX_UID+i")
+    p.add_argument("--sandbox-uid", dest="sandbox_uid", type=int, default=_default("sandbox_uid"),
+                   help="as root: worker slot i runs programs as uid/gid SANDBOX_UID+i (default: the first range "
+                        "of 1024 uids from 2000000000 that no other kcoral-server on this host holds)")
     _setting(p, "--max-memory-bytes", "max_memory_bytes", int,
              "address space a request may add to its preloaded worker, RLIMIT_AS", "; 0: none; not on GPU workers")
     _setting(p, "--max-processes", "max_processes", int, "processes per request, RLIMIT_NPROC")

@@ -34,7 +34,7 @@ class ServerConfig(BaseModel):
     drain_timeout_seconds: float = Field(3900.0, gt=0)
     token_file: str | None = None            # hidden from requests, like the state directory
     sandbox: SandboxMode = SandboxMode.BWRAP  # none: programs run as the server's uid, unisolated
-    sandbox_uid: int = Field(2_000_000_000, ge=1)  # as root: worker slot i's programs run as this uid + i
+    sandbox_uid: int | None = Field(None, ge=1)  # as root: slot i runs as this + i (None: a free range, uidrange.py)
     max_memory_bytes: int = Field(2 * GiB, ge=0)   # RLIMIT_AS beyond the preloaded worker's (0: none; never on GPU workers)
     max_processes: int = Field(256, ge=0)          # RLIMIT_NPROC per request (0: none)
     max_file_bytes: int = Field(1 * GiB, ge=0)     # RLIMIT_FSIZE per request (0: none)

@@ -33,7 +33,7 @@ from .holdout import SALT_FILE_NAME, HoldoutSalt
 from .joinconfig import NodeStatus
 from .journal import Journal, StoredResponse
 from .execute_body import ParsedRequest, check_tensor_size, parse_execute_body
-from . import cpusets, privs
+from . import cpusets, privs, uidrange
 from .memcg import RequestCgroups
 from .pool import WorkerHandle, WorkerPool, WorkerRun, WorkerSpec
 from .reply import Reply, error_reply
@@ -90,6 +90,7 @@ class Engine:
         self.specs, gpu_ids, self.backend = self._plan()
         self.leases = LeaseScheduler(gpu_ids) if gpu_ids else None
         self.gpu_ids = gpu_ids
+        self._uid_lock: int | None = None
         self.sandbox = self._sandbox_policy()
         self.cgroups = None if config.request_memory_bytes == 0 else RequestCgroups.open(config.request_memory_bytes, len(self.specs))
         self._base_env = self._worker_env()
@@ -139,8 +140,13 @@ class Engine:
                 # Unsandboxed, every program could write it: what is there runs as the baseline.
                 raise SystemExit("kcoral-server: --trusted-cache needs the bubblewrap sandbox (it is shown to "
                                  "requests read-only); it cannot be offered with --sandbox none")
-        policy = SandboxPolicy(SandboxMode(c.sandbox), limits, uid_base=c.sandbox_uid,
-                               hidden=[h for h in hidden if h], trusted_cache=trusted_cache)
+        policy = SandboxPolicy(SandboxMode(c.sandbox), limits, hidden=[h for h in hidden if h],
+                               trusted_cache=trusted_cache)
+        if policy.uid_for(0) is not None:  # as root: a range of uids no other server on this host runs as
+            try:
+                policy.uid_base, self._uid_lock = uidrange.claim(c.sandbox_uid, len(self.specs))
+            except (uidrange.UidRangeTaken, ValueError, OSError) as exc:
+                raise SystemExit(f"kcoral-server: {exc}") from None
         if policy.mode is SandboxMode.BWRAP:
             policy.write_identity(self.run_root, len(self.specs))
             why = policy.probe()
@@ -211,6 +217,9 @@ class Engine:
         await self.pool.close()
         if self.cgroups is not None:
             self.cgroups.close()
+        if self._uid_lock is not None:
+            os.close(self._uid_lock)
+            self._uid_lock = None
         self.blobs.close()
         shutil.rmtree(self.run_root, ignore_errors=True)
 

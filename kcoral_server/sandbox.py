@@ -98,7 +98,7 @@ def gpu_paths() -> tuple[list[str], list[str]]:
 class SandboxPolicy:
     mode: SandboxMode
     limits: SandboxLimits
-    uid_base: int = 2_000_000_000       # root only: slot i runs as uid_base + i
+    uid_base: int = 2_000_000_000       # root only: slot i runs as uid_base + i (the engine claims one: uidrange.py)
     hidden: list[str] = field(default_factory=list)  # server paths no request may see
     privileged: bool = field(default_factory=lambda: os.geteuid() == 0)
     bwrap: str = "bwrap"
@@ -197,6 +197,7 @@ class SandboxPolicy:
             "mode": self.mode.value,
             "user_namespace": self.uses_userns,
             "separate_uid": self.mode is SandboxMode.BWRAP and self.privileged,
+            "uid_base": self.uid_for(0),
             "trusted_cache": bool(self.trusted_cache),
             "limits": {"memory_bytes": self.limits.memory_bytes, "processes": self.limits.processes,
                        "file_bytes": self.limits.file_bytes,

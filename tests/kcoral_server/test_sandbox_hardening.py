@@ -296,3 +296,20 @@ def test_a_request_folder_the_program_made_unlistable_is_removed() -> None:
         assert _as_uid(65534, lambda: _leave_and_remove(root)) == ""
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- uid ranges
+def test_two_servers_on_a_host_never_share_sandbox_uids(server: ServerProcess) -> None:
+    # RLIMIT_NPROC counts a uid's processes host-wide: with one range for every server, a
+    # request that forked 250 processes on one server left the same slot of another unable
+    # to start any. Each server now holds a range of its own.
+    if os.geteuid() != 0:
+        pytest.skip("sandbox uids are set only when the server runs as root")
+    first = server.health()["sandbox"]["uid_base"]
+    with ServerProcess(["--cpu-workers", "1"]) as other:
+        second = other.health()["sandbox"]["uid_base"]
+    assert first is not None and second is not None and abs(first - second) >= 1024
+    taken = ServerProcess(["--cpu-workers", "1", "--sandbox-uid", str(first)], startup_timeout=30)
+    with pytest.raises(RuntimeError, match="used by another kcoral-server"):
+        taken.start()
+    taken.stop()
