@@ -29,6 +29,7 @@ _SMEM = re.compile(r"(\d+) bytes smem")
 # nvcc's address space, and that of everything it spawns (a template blow-up in cicc
 # otherwise takes the orchestrator's memory). Real kernels need well under 2 GiB.
 MEMORY_LIMIT_BYTES = 8 << 30
+FILE_LIMIT_BYTES = 1 << 30    # of any file nvcc writes: a cubin is a few MB, its temporaries more
 SANDBOX_SOURCE = "/src"       # the candidate's folder inside the sandbox, read-only
 SANDBOX_SCRATCH = "/scratch"  # the output and nvcc's temporaries ($TMPDIR): the one writable folder
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -189,10 +190,12 @@ def sandbox_argv(bwrap: str, source_dir: Path, scratch: Path, toolkit: str | Non
 
 
 def limited(argv: list[str], memory_bytes: int) -> list[str]:
-    """`argv` under an address-space limit inherited by all it spawns; set by a shell in the
-    sandbox rather than a preexec_fn, which is unsafe in evolve's threaded stage pool."""
-    return ["/bin/sh", "-c", 'ulimit -v "$1" && shift && exec "$@"', "nvcc-limit",
-            str(max(memory_bytes // 1024, 1)), *argv]
+    """`argv` under an address-space limit and a file-size limit (the scratch folder is on
+    the host's disk) inherited by all it spawns; set by a shell in the sandbox rather than a
+    preexec_fn, which is unsafe in evolve's threaded stage pool. `ulimit -f` counts 512-byte
+    blocks in a POSIX shell (1 KiB in bash's own mode): at most twice FILE_LIMIT_BYTES."""
+    return ["/bin/sh", "-c", 'ulimit -v "$1" && ulimit -f "$2" && shift 2 && exec "$@"', "nvcc-limit",
+            str(max(memory_bytes // 1024, 1)), str(FILE_LIMIT_BYTES // 512), *argv]
 
 
 def sandbox_env(toolkit: str | None) -> dict[str, str]:

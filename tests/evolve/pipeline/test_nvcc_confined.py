@@ -168,7 +168,17 @@ def test_sandbox_command_line(tmp_path: Path) -> None:
 
 def test_memory_limit_and_environment() -> None:
     assert nvcc.limited(["nvcc", "-v"], 8 << 30) == [
-        "/bin/sh", "-c", 'ulimit -v "$1" && shift && exec "$@"', "nvcc-limit", str(8 << 20), "nvcc", "-v"]
+        "/bin/sh", "-c", 'ulimit -v "$1" && ulimit -f "$2" && shift 2 && exec "$@"', "nvcc-limit", str(8 << 20),
+        str(2 << 20), "nvcc", "-v"]
+
+
+def test_nothing_nvcc_spawns_writes_a_file_past_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The scratch folder is on the host's disk: a template blow-up could fill it.
+    monkeypatch.setattr(nvcc, "FILE_LIMIT_BYTES", 1 << 20)
+    out = tmp_path / "big"
+    proc = subprocess.run(nvcc.limited(["/bin/sh", "-c", f"head -c {4 << 20} /dev/zero > {out}"], 1 << 30),
+                          capture_output=True)
+    assert proc.returncode != 0 and out.stat().st_size <= 2 << 20
     env = nvcc.sandbox_env("/opt/cuda-13.0")
     assert set(env) == {"PATH", "LANG", "LC_ALL", "TMPDIR", "HOME"}
     assert env["PATH"].startswith("/opt/cuda-13.0/bin:") and env["TMPDIR"] == nvcc.SANDBOX_SCRATCH
