@@ -8,9 +8,10 @@ before it receives its program, into a cgroup of its own under one the server ma
 start; every process the program forks inherits it. Over the request's limit the kernel
 reclaims, then kills the cgroup's largest process, and nothing outside it.
 
-Either hierarchy: cgroup v1's memory controller, or v2 where the server's cgroup lets its
-children have `memory` (a delegated cgroup). Where neither is writable (an unprivileged
-server, most containers' own cgroup) the server logs why once and runs without it.
+Either hierarchy: cgroup v1's memory controller, or v2 where the server's cgroup is its
+own and writable (the server moves into a leaf of it, then hands `memory` down: _delegate).
+Where neither works (an unprivileged server, a cgroup shared with other processes) the
+server logs why once and runs without it.
 """
 from __future__ import annotations
 
@@ -222,7 +223,7 @@ class RequestCgroup:
         return 0
 
     def remove(self, attempts: int = 50) -> bool:
-        """rmdir, once the killed processes have left (they do as they exit)."""
+        """rmdir, once the killed processes have left (they do as they exit; 10 ms a try)."""
         return _rmdir(self.path, attempts)
 
 

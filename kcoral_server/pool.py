@@ -241,13 +241,11 @@ class WorkerHandle:
 
     async def _remove_cgroup(self, cgroup: RequestCgroup) -> None:
         """Once its killed processes have left it (a few milliseconds; without a PID
-        namespace, as they exit); one still busy is left to the server's close."""
+        namespace, as they exit): retried in a thread, so the loop never waits on it. One
+        still busy after 2 s is left to the server's close."""
         self.cgroup = None
-        for _ in range(200):
-            if cgroup.remove(attempts=1):
-                return
-            await asyncio.sleep(0.01)
-        log_event("cgroup_not_removed", worker_id=self.worker_id, path=str(cgroup.path))
+        if not await asyncio.to_thread(cgroup.remove, 200):
+            log_event("cgroup_not_removed", worker_id=self.worker_id, path=str(cgroup.path))
 
     def remove_files(self) -> None:
         if self.dir:
@@ -359,10 +357,7 @@ class _Conversation:
         # `counted`: the node's JSON as well as its binary parts, so a value returned as a
         # long string (or a forged node) is bounded by the response limit like bytes are.
         self.res.returns.append((str(msg["key"]), msg["node"]))
-        self.res.part_bytes += counted
-        if self.res.part_bytes > self.max_part_bytes:  # recv_frame checked it; kept as a guard
-            self.res.too_large = True
-            raise _TooLarge()
+        self.res.part_bytes += counted  # within the limit: recv_frame refused the frame otherwise
         self.res.parts.extend(bins)
 
     async def _lease(self) -> None:
