@@ -171,27 +171,17 @@ def snapshot(directory: Path, expected: str, parent: Path, *, candidate_id: int 
     """A private copy of the candidate's folder, written from the same bytes its digest is
     computed from, in `parent` under the folder's own name; SourcesChanged unless that
     digest is `expected`. params.json is left out (a candidate could change it unseen);
-    the caller writes it from the candidate's record. A stage runs the copy, never the folder: checking the folder and
-    then reading it again left a window in which an agent swapped a file, and the server
-    ran sources other than those the leaderboard credits (seen in 4 of 25 stages)."""
-    dest = parent / directory.name
-    _check(directory, expected, candidate_id, dest)
-    return dest
-
-
-def verify_sources(directory: Path, expected: str, *, candidate_id: int | None = None) -> None:
-    """Raise SourcesChanged unless `directory` still holds the sources digested as `expected`."""
-    _check(directory, expected, candidate_id, None)
-
-
-def _check(directory: Path, expected: str, candidate_id: int | None, dest: Path | None) -> None:
+    the caller writes it from the candidate's record. A stage runs the copy, never the
+    folder: checking the folder and then reading it again left a window in which an agent
+    swapped a file, and the server ran sources other than those the leaderboard credits
+    (seen in 4 of 25 stages)."""
     who = f"candidate {candidate_id}" if candidate_id is not None else "the candidate"
+    dest = parent / directory.name
     try:
-        if dest is not None:
-            dest.mkdir(mode=0o700)
+        dest.mkdir(mode=0o700)
         now = _copy_and_digest(directory, dest)
-        if now == expected or _legacy_register_digest(dest or directory) == expected:
-            return
+        if now == expected or _legacy_register_digest(dest) == expected:
+            return dest
     except (DigestError, OSError) as exc:
         raise SourcesChanged(f"the sources of {who} can't be read at {directory}: {exc}") from None
     raise SourcesChanged(
