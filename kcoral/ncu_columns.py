@@ -17,7 +17,10 @@ from typing import Any
 
 NAME_COLUMNS = ("Kernel Name", "Function Name", "Name")
 
-DRAM_PCT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+# ncu 2025.3 on the H200 prints only the first of these in a `--set full` raw page (seen
+# 2026-12-05); older versions print the second.
+DRAM_PCT = ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+            "dram__throughput.avg.pct_of_peak_sustained_elapsed")
 SM_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 _TENSOR_CYCLES = re.compile(r"^sm__pipe_tensor\w*_cycles_active\.avg\.pct_of_peak_sustained_active$")
 _TENSOR_INSTS = re.compile(r"^sm__inst_executed_pipe_tensor\w*\.avg\.pct_of_peak_sustained_active$")
@@ -46,7 +49,7 @@ def is_metric_column(name: str) -> bool:
 
 
 def is_profile_metric(name: str) -> bool:
-    return (name in (DRAM_PCT, SM_PCT) or bool(_TENSOR_CYCLES.match(name) or _TENSOR_INSTS.match(name))
+    return (name in DRAM_PCT or name == SM_PCT or bool(_TENSOR_CYCLES.match(name) or _TENSOR_INSTS.match(name))
             or any(p.match(name) for p in _STALLS))
 
 
@@ -67,7 +70,8 @@ def profile_fields(values: dict[str, float | None]) -> dict[str, Any]:
             break
     top = sorted(stalls.items(), key=lambda kv: -kv[1])[:TOP_STALLS]
     tensor = busiest(_TENSOR_CYCLES)
-    return {"dram_pct": values.get(DRAM_PCT), "sm_pct": values.get(SM_PCT),
+    dram = next((values[n] for n in DRAM_PCT if values.get(n) is not None), None)
+    return {"dram_pct": dram, "sm_pct": values.get(SM_PCT),
             "tensor_pct": tensor if tensor is not None else busiest(_TENSOR_INSTS),
             "stalls": {k: round(v, 3) for k, v in top}}
 

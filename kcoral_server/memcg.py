@@ -194,10 +194,16 @@ def _delegate(own: Path, root: Path) -> None:
         if "memory" not in controllers:
             _write(own / "cgroup.subtree_control", "+memory")
         _write(root / "cgroup.subtree_control", "+memory")
-    except OSError:
+    except OSError as exc:
         _write(own / "cgroup.procs", str(os.getpid()))
         _rmdir(leaf, 20)
-        raise
+        if exc.errno != errno.EBUSY:
+            raise
+        # Seen on a GPU host whose job runner keeps its own processes in the cgroup it
+        # starts commands in (2026-12-05): say what the operator can change.
+        raise OSError(exc.errno, f"cgroup v2 refused to hand `memory` down from {own}: other "
+                      "processes share the server's cgroup; start the server in a cgroup of its "
+                      "own (a systemd unit or `systemd-run --scope` with Delegate=yes)") from exc
 
 
 class RequestCgroup:

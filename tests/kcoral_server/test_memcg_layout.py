@@ -66,6 +66,6 @@ def test_on_v2_a_refused_hand_down_moves_the_server_back(own: Path, monkeypatch)
     monkeypatch.setattr(memcg, "_write", busy)
     root = own / f"{memcg.PREFIX}{os.getpid()}"
     root.mkdir()
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="other processes share the server's cgroup"):
         memcg._delegate(own, root)
     assert (own / "cgroup.procs").read_text() == str(os.getpid())

@@ -70,3 +70,23 @@ def test_ncu_on_gpu(gpu_url: str, tmp_path: Path, capsys) -> None:
     assert kernel["duration_ns"] and kernel["duration_ns"] > 0
     assert kernel["registers"] and kernel["registers"] > 0
     assert kernel["sectors_total"] is not None
+
+
+def test_ncu_full_set_reads_where_the_time_goes(gpu_url: str, tmp_path: Path, capsys) -> None:
+    """`--set full` collects throughput, pipe and warp-state metrics: the profile columns
+    (matched by name pattern, since a name this ncu does not know would fail the capture)
+    must find them in a real report, not only in the made-up page of test_ncu_csv."""
+    if not _ncu_available():
+        pytest.skip("Nsight Compute is not installed")
+    rep = tmp_path / "toy-full.ncu-rep"
+    code = main(["ncu", "--remote", gpu_url, "--send", str(APP), "-o", str(rep),
+                 "--kernel-name", "toy_chunks", "--launch-count", "1", "--set", "full",
+                 "--", "python", "toy_iket.py"])
+    captured = capsys.readouterr()
+    print(captured.out)
+    assert code == 0, captured.err
+    (kernel,) = json.loads(Path(str(rep) + ".json").read_text())["kernels"]
+    print({k: kernel.get(k) for k in ("dram_pct", "sm_pct", "tensor_pct", "stalls")})
+    assert kernel["dram_pct"] is not None and 0 <= kernel["dram_pct"] <= 100
+    assert kernel["sm_pct"] is not None and 0 <= kernel["sm_pct"] <= 100
+    assert kernel["stalls"] and all(v >= 0 for v in kernel["stalls"].values())

@@ -103,6 +103,16 @@ def test_profile_fields_under_the_other_generations_names() -> None:
     assert got == {"dram_pct": None, "sm_pct": None, "tensor_pct": 12.0, "stalls": {"wait": 5.0, "barrier": 3.0}}
 
 
+def test_dram_throughput_under_the_name_ncu_2025_prints() -> None:
+    # The H200's ncu 2025.3 raw page has gpu__dram_throughput, not dram__throughput: the
+    # first GPU run of the profile columns read dram % as missing.
+    from kcoral.ncu_columns import is_profile_metric, profile_fields
+
+    name = "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"
+    assert is_profile_metric(name)
+    assert profile_fields({name: 71.5})["dram_pct"] == 71.5
+
+
 def test_a_page_without_profile_columns_has_none() -> None:
     (k, _) = parse_raw_csv(CSV).kernels
     assert (k.dram_pct, k.tensor_pct, k.stalls) == (None, None, {})
