@@ -117,3 +117,21 @@ def test_a_page_without_profile_columns_has_none() -> None:
     (k, _) = parse_raw_csv(CSV).kernels
     assert (k.dram_pct, k.tensor_pct, k.stalls) == (None, None, {})
     assert "dram %" in format_table(parse_raw_csv(CSV))
+
+
+def test_recorded_h200_full_page_of_the_two_pass_kernels() -> None:
+    """Recorded: `ncu --clock-control none --set full -k regex:kda --launch-count 2` of the
+    two_pass defaults' capture_ncu.py (B=1, T=8192, H=96) on an H200, Nsight Compute 2025.3.1,
+    then `ncu --import --page raw --csv --print-units base` (2026-12-05). Over 2,000 columns a
+    launch; the profile columns must come out of it whole, and out of the server's cut too."""
+    from kcoral.ncu_columns import profile_columns
+
+    text = (Path(__file__).parent / "fixtures" / "ncu_raw_full_page_h200_two_pass.csv").read_text()
+    for page in (text, profile_columns(text)):
+        prep, walk = parse_raw_csv(page).kernels
+        assert (prep.name, walk.name) == ("kda_prep_kernel", "kda_state_kernel")
+        assert (prep.dram_pct, prep.sm_pct, prep.tensor_pct) == (65.09, 53.55, 13.26)
+        assert list(prep.stalls) == ["short_scoreboard", "wait", "long_scoreboard", "barrier"]
+        assert (walk.dram_pct, walk.tensor_pct) == (85.66, 53.3)  # wgmma counts in the tensor pipe
+        assert "gmma" in walk.stalls
+    assert len(profile_columns(text).splitlines()[0]) < len(text.splitlines()[0]) / 10
