@@ -39,8 +39,13 @@ async def read_body(request: Request, limit: int, stall_seconds: float | None = 
         try:
             chunk = await asyncio.wait_for(chunks.__anext__(), stall_seconds)
         except StopAsyncIteration:
-            return memoryview(buf)
+            # This frame outlives the call: the exception's traceback holds it until the
+            # cyclic collector runs. Its locals must not keep the body (a queued request held
+            # its 48 MiB, or not, by when the collector had last run).
+            body, buf = memoryview(buf), bytearray()
+            return body
         except TimeoutError:
+            buf = bytearray()
             raise BodyStalled(stall_seconds or 0.0) from None
         if len(buf) + len(chunk) > limit:
             raise RequestTooLarge(limit)
