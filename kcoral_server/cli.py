@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
              "address space a request may add to its preloaded worker, RLIMIT_AS", "; 0: none; not on GPU workers")
     _setting(p, "--max-processes", "max_processes", int, "processes per request, RLIMIT_NPROC")
     _setting(p, "--max-file-bytes", "max_file_bytes", int, "largest file a request writes")
+    _setting(p, "--max-open-files", "max_open_files", int, "descriptors each process of a request may hold, RLIMIT_NOFILE",
+             "; 0: the server's own limit, raised to its hard limit for connections")
     _setting(p, "--workspace-bytes", "workspace_bytes", int, "size of a request's tmpfs: its workspace, /tmp and /dev/shm")
     p.add_argument("--request-memory-bytes", dest="request_memory_bytes", type=int, default=_default("request_memory_bytes"),
                    help="memory all of a request's processes may hold together, tmpfs pages included, through a "
@@ -258,7 +260,7 @@ def guarded_h11(head_timeout: float, max_connections: int) -> type[H11Protocol]:
 def raise_fd_limit() -> None:
     """The soft RLIMIT_NOFILE up to the hard one: every connection, worker channel and blob
     descriptor needs one, and a soft limit of 1024 runs out long before --max-connections.
-    (A program could raise its own soft limit as far anyway, so workers gain nothing.)"""
+    (A request's processes do not keep it: the zygote sets --max-open-files, soft and hard.)"""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else 1 << 20
     if soft != resource.RLIM_INFINITY and soft < target:

@@ -38,6 +38,7 @@ class ServerConfig(BaseModel):
     max_memory_bytes: int = Field(2 * GiB, ge=0)   # RLIMIT_AS beyond the preloaded worker's (0: none; never on GPU workers)
     max_processes: int = Field(256, ge=0)          # RLIMIT_NPROC per request (0: none)
     max_file_bytes: int = Field(1 * GiB, ge=0)     # RLIMIT_FSIZE per request (0: none)
+    max_open_files: int = Field(4096, ge=0)        # RLIMIT_NOFILE per process of a request (0: the server's)
     workspace_bytes: int = Field(2 * GiB, ge=1 << 20)  # the request's tmpfs: workspace, /tmp and /dev/shm
     # all of a request's processes together, a memory cgroup each (None: 3/4 of the memory over the slots; 0: none)
     request_memory_bytes: int | None = Field(None, ge=0)

@@ -128,7 +128,8 @@ class Engine:
         """The sandbox every request runs in; refuses to start unsandboxed unless told to."""
         c = self.config
         limits = SandboxLimits(memory_bytes=c.max_memory_bytes, processes=c.max_processes,
-                               file_bytes=c.max_file_bytes, workspace_bytes=c.workspace_bytes)
+                               file_bytes=c.max_file_bytes, open_files=c.max_open_files,
+                               workspace_bytes=c.workspace_bytes)
         hidden = [c.state_dir, c.holdout_salt_file, c.token_file, c.node_token_file, c.work_dir, c.blob_dir,
                   self.run_root, self.blobs.directory]
         trusted_cache = None

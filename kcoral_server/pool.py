@@ -120,7 +120,8 @@ class WorkerHandle:
                 "worker_id": self.spec.worker_id, "backend": self.spec.backend,
                 "verify_blobs": self.sandbox.uid_for(self.spec.slot) is None,
                 "limits": {"memory_bytes": 0 if self.spec.backend == "gpu" else self.sandbox.limits.memory_bytes,
-                           "processes": self.sandbox.limits.processes, "file_bytes": self.sandbox.limits.file_bytes},
+                           "processes": self.sandbox.limits.processes, "file_bytes": self.sandbox.limits.file_bytes,
+                           "open_files": self.sandbox.limits.open_files},
                 "cpus": list(self.spec.cpus),
             }
             if sandboxed:

@@ -54,6 +54,9 @@ class SandboxLimits:
     memory_bytes: int = 2 << 30      # RLIMIT_AS (not applied on GPU workers: CUDA reserves huge address ranges)
     processes: int = 256             # RLIMIT_NPROC
     file_bytes: int = 1 << 30        # RLIMIT_FSIZE
+    # RLIMIT_NOFILE, soft and hard: the server raises its own to the hard limit for its
+    # connections, and every descriptor a request holds comes from the host's one file table
+    open_files: int = 4096
     workspace_bytes: int = 2 << 30   # size of the /kcoral tmpfs (bwrap mode)
 
 
@@ -200,7 +203,7 @@ class SandboxPolicy:
             "uid_base": self.uid_for(0),
             "trusted_cache": bool(self.trusted_cache),
             "limits": {"memory_bytes": self.limits.memory_bytes, "processes": self.limits.processes,
-                       "file_bytes": self.limits.file_bytes,
+                       "file_bytes": self.limits.file_bytes, "open_files": self.limits.open_files,
                        "workspace_bytes": self.limits.workspace_bytes if self.mode is SandboxMode.BWRAP else None},
         }
 

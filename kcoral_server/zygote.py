@@ -262,7 +262,7 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
             os.close(fds[name])
         limits = spec.get("limits", {})
         for res, key in ((resource.RLIMIT_AS, "memory_bytes"), (resource.RLIMIT_NPROC, "processes"),
-                         (resource.RLIMIT_FSIZE, "file_bytes")):
+                         (resource.RLIMIT_FSIZE, "file_bytes"), (resource.RLIMIT_NOFILE, "open_files")):
             value = int(limits.get(key) or 0)
             if value > 0:
                 if res == resource.RLIMIT_AS:

@@ -392,7 +392,7 @@ def test_a_daemon_left_by_a_crashed_program_neither_survives_nor_holds_the_reque
 REQUEST_MEMORY = 384 << 20
 LIMITS = ["--workspace-bytes", str(32 << 20), "--max-file-bytes", str(16 << 20),
           "--max-memory-bytes", str(1 << 30), "--max-processes", "64",
-          "--request-memory-bytes", str(REQUEST_MEMORY)]
+          "--request-memory-bytes", str(REQUEST_MEMORY), "--max-open-files", "256"]
 
 
 @pytest.fixture(scope="module")
@@ -416,6 +416,22 @@ def test_a_file_larger_than_the_limit_cannot_be_written(limited) -> None:
            "            for _ in range(6):\n                f.write(b'x' * (4 << 20))\n"
            "                f.flush()\n    except OSError as e:\n        return e.errno\n    return 0\n")
     assert _run(limited, big).raise_for_failure().results["out"] != 0
+
+
+def test_a_process_holds_no_more_descriptors_than_the_limit(limited) -> None:
+    # Workers inherited the server's soft limit, raised to its hard limit for connections
+    # (20,000 here; often 524,288): 256 processes of a request could drain the host's one
+    # file table. A program raises its soft limit to the hard one, then opens what it can.
+    grab = ("import os, resource\n"
+            "def main():\n    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "    try:\n        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))\n"
+            "    except (ValueError, OSError):\n        pass\n"
+            "    held = []\n    try:\n        for _ in range(8192):\n"
+            "            held.append(os.open('/dev/null', os.O_RDONLY))\n"
+            "    except OSError:\n        pass\n"
+            "    return [hard, len(held)]\n")
+    hard, opened = _run(limited, grab).raise_for_failure().results["out"]
+    assert hard == 256 and opened < 256
 
 
 def test_nothing_is_left_in_dev_shm(limited) -> None:
