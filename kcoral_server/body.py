@@ -36,16 +36,16 @@ async def read_body(request: Request, limit: int, stall_seconds: float | None = 
     buf = bytearray()
     chunks = request.stream().__aiter__()
     while True:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the read as a task of
+        # its own, and an exception it ends with (the stream's end, a client gone mid-body)
+        # keeps this frame, and the body in it, in a reference cycle until the collector
+        # runs: a queued request held its 48 MiB or not by when that had last happened.
         try:
-            chunk = await asyncio.wait_for(chunks.__anext__(), stall_seconds)
+            async with asyncio.timeout(stall_seconds):
+                chunk = await chunks.__anext__()
         except StopAsyncIteration:
-            # This frame outlives the call: the exception's traceback holds it until the
-            # cyclic collector runs. Its locals must not keep the body (a queued request held
-            # its 48 MiB, or not, by when the collector had last run).
-            body, buf = memoryview(buf), bytearray()
-            return body
+            return memoryview(buf)
         except TimeoutError:
-            buf = bytearray()
             raise BodyStalled(stall_seconds or 0.0) from None
         if len(buf) + len(chunk) > limit:
             raise RequestTooLarge(limit)

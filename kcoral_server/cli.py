@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import uvicorn
+from pydantic import ValidationError
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import build_app
@@ -165,8 +166,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             raise SystemExit("kcoral-server: --gpus takes comma-separated integers") from None
     # Every flag named for a ServerConfig field is passed on as it is; the rest are read above.
     given = {name: value for name, value in vars(args).items() if name in ServerConfig.model_fields}
-    return ServerConfig(**{**given, "gpus": gpus, "token": token,
-                           "node_id": args.node_id if args.router else None})
+    try:
+        return ServerConfig(**{**given, "gpus": gpus, "token": token,
+                               "node_id": args.node_id if args.router else None})
+    except ValidationError as exc:   # a flag's value out of range: say which, not a traceback
+        problems = "; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                             for e in exc.errors())
+        raise SystemExit(f"kcoral-server: {problems}") from None
 
 
 class DrainingServer(uvicorn.Server):

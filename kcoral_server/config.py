@@ -1,11 +1,19 @@
 """Server settings (filled by cli.py from flags and environment)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from .sandbox import SandboxMode
 
 GiB = 1 << 30
+
+# Distinct blobs one program may upload: each is an open descriptor in the server while it
+# runs (and in its worker). A client's program sends one archive, or a tensor or bytes per
+# argument; 21,000 of them once took every descriptor the server had.
+MAX_BLOBS_PER_PROGRAM = 1024
+# A worker holds its program's blob descriptors besides its own few; below this a program
+# of many blobs would have descriptors dropped in passing (and hang until its timeout).
+MIN_OPEN_FILES = MAX_BLOBS_PER_PROGRAM + 128
 
 
 class ServerConfig(BaseModel):
@@ -46,3 +54,11 @@ class ServerConfig(BaseModel):
     pin_cpus: bool = True                    # each worker slot's programs on their own share of the CPUs
     node_id: str | None = Field(None, min_length=1, max_length=128)  # set when joined to a router
     node_token_file: str | None = None       # hidden from requests, like token_file
+
+    @field_validator("max_open_files")
+    @classmethod
+    def _room_for_blobs(cls, v: int) -> int:
+        if 0 < v < MIN_OPEN_FILES:
+            raise ValueError(f"max_open_files must be 0 (the server's own limit) or at least {MIN_OPEN_FILES}: "
+                             f"a program's worker holds up to {MAX_BLOBS_PER_PROGRAM} blob descriptors")
+        return v

@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import hashlib
 import os
+import resource
 import shutil
 import time
 import uuid
@@ -27,7 +28,7 @@ from kcoral.protocol.strict_json import dumps
 
 from .blobs import BlobStore, default_blob_dir, memory_dir
 from .cancel import Cancelled, Disconnect, unless_abandoned
-from .config import ServerConfig
+from .config import MAX_BLOBS_PER_PROGRAM, ServerConfig
 from .gpuinfo import detect_gpus, target_arch, versions
 from .holdout import SALT_FILE_NAME, HoldoutSalt
 from .joinconfig import NodeStatus
@@ -55,11 +56,6 @@ _SECRET_ENV_PREFIXES = ("EVOLVE_",)
 # Idempotency-Key arrives (a dropped connection is usually retried at once, and the retry
 # should get this run's answer rather than start over).
 RETRY_GRACE_SECONDS = 1.0
-
-# Distinct blobs one program may upload: each is an open descriptor in the server while it
-# runs (and in its worker). A client's program sends one archive, or a tensor or bytes per
-# argument; 21,000 of them once took every descriptor the server had.
-MAX_BLOBS_PER_PROGRAM = 1024
 
 
 # What this server offers beyond the released KCoral protocol is announced in /health
@@ -128,7 +124,7 @@ class Engine:
         """The sandbox every request runs in; refuses to start unsandboxed unless told to."""
         c = self.config
         limits = SandboxLimits(memory_bytes=c.max_memory_bytes, processes=c.max_processes,
-                               file_bytes=c.max_file_bytes, open_files=c.max_open_files,
+                               file_bytes=c.max_file_bytes, open_files=_open_files(c.max_open_files),
                                workspace_bytes=c.workspace_bytes)
         hidden = [c.state_dir, c.holdout_salt_file, c.token_file, c.node_token_file, c.work_dir, c.blob_dir,
                   self.run_root, self.blobs.directory]
@@ -319,7 +315,10 @@ class Engine:
         parsed = await self._parse(body, content_type, opt_ins, log.request_id)
         if isinstance(parsed, Reply):
             return parsed
-        await self._store_blobs(parsed)
+        try:
+            await self._store_blobs(parsed)
+        finally:
+            _release_parts(parsed)
         return await self._admit(parsed, key, log, opt_ins, gone)
 
     async def _parse(self, body: bytes | memoryview, content_type: str | None, opt_ins: frozenset[OptIn],
@@ -669,6 +668,29 @@ def _cancelled(log: RequestLog) -> Reply:
     log.fields["status"] = "CANCELLED"
     return error_reply(499, ErrorKind.CANCELLED, "the client disconnected before the answer; the program was stopped",
                        log.request_id)
+
+
+def _release_parts(parsed: ParsedRequest) -> None:
+    """The blob parts are views of the whole body, and `parsed` lives on while the request
+    is admitted: a retry of a running key waits there for the first attempt to end, and
+    held its whole body meanwhile. Once stored they are not read again (only their digests)."""
+    for view in parsed.blobs.values():
+        try:
+            view.release()
+        except BufferError:  # a write cancelled with its client still reads it: its thread lets go
+            pass
+
+
+def _open_files(requested: int) -> int:
+    """RLIMIT_NOFILE for a request's processes: `requested`, or the server's hard limit
+    where that is lower (a worker cannot raise it: asking for more would stop every worker
+    from starting) or where 0 asks for the server's own. /health shows this value."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return requested
+    if requested > hard:
+        log_event("open_files_clamped", requested=requested, hard_limit=hard)
+    return hard if requested == 0 or requested > hard else requested
 
 
 @dataclass

@@ -107,7 +107,12 @@ def receive_blob_fds(sock: socket.socket, digests: list[str], verify: bool) -> d
     """The read-only descriptors of this program's blobs, sent by the server in order."""
     out: dict[str, BlobRef] = {}
     while len(out) < len(digests):
-        _msg, fds, _flags, _addr = socket.recv_fds(sock, 64, FDS_PER_MESSAGE)
+        _msg, fds, flags, _addr = socket.recv_fds(sock, 64, FDS_PER_MESSAGE)
+        if flags & socket.MSG_CTRUNC:   # the kernel dropped what this process had no room for
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError(f"blob descriptors were dropped in passing after {len(out) + len(fds)} of "
+                               f"{len(digests)}: the request's open-file limit is too low for its blobs")
         if not fds:
             raise RuntimeError("the server closed the blob channel early")
         for fd in fds:

@@ -281,7 +281,11 @@ class WorkerHandle:
 
         self.status = "busy"
         try:
-            await asyncio.wait_for(converse(), timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for's task of its own keeps
+            # an ending exception, this frame and `res` (every part read so far, up to the
+            # response limit) in a cycle until the collector runs.
+            async with asyncio.timeout(timeout):
+                await converse()
         except TimeoutError:
             res.timed_out = True
         except _TooLarge:

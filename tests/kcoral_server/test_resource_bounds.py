@@ -173,6 +173,34 @@ def test_a_queued_request_does_not_hold_its_body(limits_server: ServerProcess) -
     assert held < size, f"two queued requests hold {held >> 20} MiB"
 
 
+def test_a_retry_waiting_on_its_key_does_not_hold_its_body(limits_server: ServerProcess) -> None:
+    # A retry of a key whose first attempt still runs waits for its outcome with the
+    # program parsed; the blob parts, views of the whole body, kept its 48 MiB meanwhile.
+    srv, size = limits_server, 48 * MiB
+    data = os.urandom(MiB) * (size // MiB)
+    program = function_program("import time\ndef main():\n    time.sleep(8)\n    return 1\n").to_dict(
+        {"timeout_seconds": 30})
+    program["instructions"].insert(0, {"op": "upload", "kind": "bytes", "id": "b", "blob": sha(data)})
+    headers = {"Idempotency-Key": "held-body-" + os.urandom(4).hex()}
+    replies: list[httpx.Response] = []
+
+    def send() -> None:
+        replies.append(post_program(srv.url, program, {sha(data): data}, headers=headers))
+
+    first = threading.Thread(target=send)
+    first.start()
+    _wait(lambda: any(w["status"] == "busy" for w in srv.health()["workers"]), "the first attempt never ran")
+    base = _status(_pid(srv))["VmRSS"]
+    retry = threading.Thread(target=send)
+    retry.start()
+    time.sleep(3)   # its 48 MiB sent and parsed; the first attempt sleeps 5 s more
+    held = _status(_pid(srv))["VmRSS"] - base
+    for t in (first, retry):
+        t.join(60)
+    assert [r.status_code for r in replies] == [200, 200]
+    assert held < size // 2, f"a waiting retry holds {held >> 20} MiB"
+
+
 def _post_blob(url: str, data: bytes) -> None:
     program = {"instructions": [{"op": "upload", "kind": "bytes", "id": "b", "blob": sha(data)}]}
     r = post_program(url, program, {sha(data): data})

@@ -392,7 +392,7 @@ def test_a_daemon_left_by_a_crashed_program_neither_survives_nor_holds_the_reque
 REQUEST_MEMORY = 384 << 20
 LIMITS = ["--workspace-bytes", str(32 << 20), "--max-file-bytes", str(16 << 20),
           "--max-memory-bytes", str(1 << 30), "--max-processes", "64",
-          "--request-memory-bytes", str(REQUEST_MEMORY), "--max-open-files", "256"]
+          "--request-memory-bytes", str(REQUEST_MEMORY), "--max-open-files", "2048"]
 
 
 @pytest.fixture(scope="module")
@@ -422,16 +422,17 @@ def test_a_process_holds_no_more_descriptors_than_the_limit(limited) -> None:
     # Workers inherited the server's soft limit, raised to its hard limit for connections
     # (20,000 here; often 524,288): 256 processes of a request could drain the host's one
     # file table. A program raises its soft limit to the hard one, then opens what it can.
+    assert limited.health()["sandbox"]["limits"]["open_files"] == 2048
     grab = ("import os, resource\n"
             "def main():\n    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
             "    try:\n        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))\n"
             "    except (ValueError, OSError):\n        pass\n"
-            "    held = []\n    try:\n        for _ in range(8192):\n"
+            "    held = []\n    try:\n        for _ in range(20000):\n"
             "            held.append(os.open('/dev/null', os.O_RDONLY))\n"
             "    except OSError:\n        pass\n"
             "    return [hard, len(held)]\n")
     hard, opened = _run(limited, grab).raise_for_failure().results["out"]
-    assert hard == 256 and opened < 256
+    assert hard == 2048 and opened < 2048
 
 
 def test_nothing_is_left_in_dev_shm(limited) -> None:
