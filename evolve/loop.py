@@ -550,6 +550,10 @@ class SearchLoop:
             # first). Their rows stay "running" in this interrupted run: --resume marks
             # them interrupted and retries them; no thread lives to record a result.
             # (A normal exit would wait for worker threads blocked in HTTP calls.)
+            try:
+                self.pop.checkpoint()   # nothing closes the database on the way out
+            except Exception:  # leaving anyway: the write-ahead log still holds it all
+                log.warning("could not checkpoint the database on the way out", exc_info=True)
             os._exit(130)
         self.pop.leave_run(work.worker_id, RunState.INTERRUPTED)
 

@@ -128,6 +128,10 @@ class Population:
         """Release the database's connections (the Population is unusable afterwards)."""
         self.db.close()
 
+    def checkpoint(self) -> None:
+        """Everything written so far in the database file itself (SQLite; see Database)."""
+        self.db.checkpoint()
+
     # ---------------------------------------------------------------- workloads
     def ensure_workload(self, name: str, path: str) -> int:
         """The id of workload `name`, created with `path` if it is new (path is kept if not)."""

@@ -149,6 +149,16 @@ class Database:
         if self.is_postgresql:
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _signed64(key)})
 
+    def checkpoint(self) -> None:
+        """SQLite: move what the write-ahead log holds into the database file, so the file
+        alone is the whole population. A closed connection does this itself; a process that
+        leaves without closing (an abandoned run exits at once) left it all in `F-wal`, and
+        a copy of `F` alone came out empty (seen: an H200 run's database, 2026-12-05)."""
+        if self.is_postgresql:
+            return
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def close(self) -> None:
         self.engine.dispose()
 

@@ -2,7 +2,9 @@
 cancels their programs at once, and nothing of them is recorded as a result."""
 from __future__ import annotations
 
+import shutil
 import signal
+import sqlite3
 import time
 
 from tests.evolve.search.helpers import run_until_a_bench, wait_for
@@ -46,3 +48,9 @@ def test_second_signal_cancels_the_stages_in_flight(tmp_path, cpu_server):
     assert pop.runs(wid)[-1].state == "interrupted"
     assert pop.evaluation(victim.id).status == "running"
     assert victim.id in {e.id for e in pop.interrupted()}
+    # The database file alone holds it all: copied without its write-ahead log (as a device
+    # call's files once were), an abandoned run's database came out empty.
+    alone = tmp_path / "copied.db"
+    shutil.copyfile(tmp_path / "evolve.db", alone)
+    with sqlite3.connect(alone) as db:
+        assert db.execute("SELECT state FROM runs ORDER BY id DESC LIMIT 1").fetchone() == ("interrupted",)
