@@ -249,6 +249,15 @@ def _address_space_bytes() -> int:
         return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _close_all_but(*keep: int) -> None:
+    low = 0
+    for fd in sorted(set(keep)):
+        if fd > low:   # never an empty range: CPython falls back to closing from `low` upwards
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 1 << 16))
+
+
 def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
     code = 70
     try:
@@ -260,6 +269,10 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
         os.dup2(fds["stderr"], 2)
         for name in ("status", "stdout", "stderr"):
             os.close(fds[name])
+        # Nothing else the zygote held goes on into the program: the wake pipe of its signal
+        # loop, and copies of its own stdio, one of them the server's log, open for writing
+        # (a program could have written lines into it).
+        _close_all_but(0, 1, 2, fds["chan"], fds["fdsock"])
         limits = spec.get("limits", {})
         for res, key in ((resource.RLIMIT_AS, "memory_bytes"), (resource.RLIMIT_NPROC, "processes"),
                          (resource.RLIMIT_FSIZE, "file_bytes"), (resource.RLIMIT_NOFILE, "open_files")):

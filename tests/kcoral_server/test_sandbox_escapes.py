@@ -538,6 +538,23 @@ def test_processes_are_bounded(limited) -> None:
 
 
 # ---------------------------------------------------------------------- modes
+def test_a_program_holds_no_descriptor_but_its_own(server) -> None:
+    # Workers kept what the zygote held: its signal loop's wake pipe, and copies of its
+    # stdio, one of them the server's log open for writing (here the test's log file): a
+    # program could write lines into the server's log.
+    listing = ("import os, stat\n"
+               "def main():\n    out = {}\n"
+               "    for fd in os.listdir('/proc/self/fd'):\n"
+               "        try:\n            mode = os.stat(int(fd)).st_mode\n"
+               "        except OSError:\n            continue\n"
+               "        out[fd] = [stat.S_ISSOCK(mode), os.readlink('/proc/self/fd/' + fd)]\n"
+               "    return out\n")
+    held = _run(server, listing).raise_for_failure().results["out"]
+    strays = {fd: target for fd, (is_socket, target) in held.items() if int(fd) > 2 and not is_socket}
+    assert not strays, strays
+    assert sum(is_socket for is_socket, _ in held.values()) == 2   # the worker's channel and blob socket
+
+
 def test_health_reports_the_sandbox(server) -> None:
     sandbox = server.health()["sandbox"]
     assert sandbox["mode"] == "bwrap"
