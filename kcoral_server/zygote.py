@@ -232,8 +232,7 @@ def _launcher(spec: dict[str, Any], fds: dict[str, int]) -> None:
         worker = os.fork()
         if worker == 0:
             _worker(spec, fds)  # never returns
-        os.closerange(0, status)
-        os.closerange(status + 1, 1 << 16)
+        _close_all_but(status)
         _report(status, f"pid {worker}")
         _, wstatus = os.waitpid(worker, 0)
         _report(status, f"exit {os.waitstatus_to_exitcode(wstatus)}")
@@ -250,6 +249,7 @@ def _address_space_bytes() -> int:
 
 
 def _close_all_but(*keep: int) -> None:
+    """Close every descriptor of this process but `keep`."""
     low = 0
     for fd in sorted(set(keep)):
         if fd > low:   # never an empty range: CPython falls back to closing from `low` upwards
@@ -267,11 +267,10 @@ def _worker(spec: dict[str, Any], fds: dict[str, int]) -> None:
         privs.become_subreaper()  # the executor kills what a finished program left behind
         os.dup2(fds["stdout"], 1)
         os.dup2(fds["stderr"], 2)
-        for name in ("status", "stdout", "stderr"):
-            os.close(fds[name])
-        # Nothing else the zygote held goes on into the program: the wake pipe of its signal
-        # loop, and copies of its own stdio, one of them the server's log, open for writing
-        # (a program could have written lines into it).
+        # Nothing else goes on into the program: the status pipe and the capture files'
+        # originals, the wake pipe of the zygote's signal loop, and copies of its own stdio,
+        # one of them the server's log, open for writing (a program could have written lines
+        # into it).
         _close_all_but(0, 1, 2, fds["chan"], fds["fdsock"])
         limits = spec.get("limits", {})
         for res, key in ((resource.RLIMIT_AS, "memory_bytes"), (resource.RLIMIT_NPROC, "processes"),
