@@ -44,7 +44,7 @@ from .channel import Channel, ChannelClosed
 from .confine import PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, confine_writes, prctl
 from .harness import CandidateError, load_solution, tail
 from .memory import Buffer, export, place
-from .preroll import Waiter
+from .preroll import Streams, Waiter
 from .spec import parse_spec
 
 FILE_LIMIT = 1 << 30  # bytes any file it writes may reach (its log included)
@@ -79,8 +79,9 @@ class Session:
 
 class Host:
     def __init__(self, chan: Channel, role: str, be: Backend, waiters: dict[str, Waiter] | None = None,
-                 confined: bool = False) -> None:
+                 confined: bool = False, streams: Streams | None = None) -> None:
         self.chan, self.role, self.be = chan, role, be
+        self.streams = streams or Streams()  # what each call's pre-roll wait covers (preroll.py)
         self.module: Any = None  # the candidate's solution module (role candidate)
         self.baseline: Any = None  # baseline.make_baseline's (role baseline)
         self.sessions: dict[int, Session] = {}
@@ -140,6 +141,7 @@ class Host:
         data = dict(inputs, output=output, final_state=final_state, scale=float(msg["scale"]))
         B, T, H = int(msg["B"]), int(msg["T"]), int(msg["H"])
         which = msg.get("which", "baseline")
+        self.streams.watch_torch()  # a candidate that imported torch makes its streams in setup
         try:
             if which == "baseline_check":  # the baseline writes into our outputs, not only its own tensors
                 fn = self.baseline.setup(data, B, T, H, write_outputs=True)
@@ -156,7 +158,7 @@ class Host:
         if handle not in self.waiters:
             if self.confined and handle:
                 raise RuntimeError("the judge's pre-roll event was not handed to this host before it confined itself")
-            self.waiters[handle] = Waiter(self.be, handle)
+            self.waiters[handle] = Waiter(self.be, handle, self.streams)
         s.fn, s.waiter = fn, self.waiters[handle]
         return {}
 
@@ -254,9 +256,12 @@ def main(argv: list[str]) -> int:
         return 1
     confined = role == "candidate" and bool(writable)
     waiters: dict[str, Waiter] = {}
+    streams = Streams()
+    if be.device == "cuda":
+        streams.watch_cupy(be.xp)  # before any candidate code: its streams are made through it
     try:
         if preroll != "-":  # opened now: once confined, the event's file in /dev/shm cannot be
-            waiters[preroll] = Waiter(be, preroll)
+            waiters[preroll] = Waiter(be, preroll, streams)
         if confined:
             _confine(be, writable)
     except Exception as exc:  # noqa: BLE001 - the judge promised confinement: no run without it
@@ -264,7 +269,7 @@ def main(argv: list[str]) -> int:
         return 1
     chan.send({"ok": True, "ready": True})  # the judge trusts an "unavailable" only before this
     # Prints of the candidate go to this process's stdout/stderr: the judge's log file.
-    Host(chan, role, be, waiters, confined).serve()
+    Host(chan, role, be, waiters, confined, streams).serve()
     return 0
 
 
