@@ -74,8 +74,11 @@ def test_a_dropped_stream_is_no_longer_waited_on_and_the_current_once():
 
 def test_torch_streams_are_watched_once_torch_is_imported(monkeypatch):
     class TorchStream:
-        def __init__(self, device=None, priority: int = 0) -> None:
+        """Like torch.cuda.Stream: its arguments go to __new__ alone (object's __init__)."""
+        def __new__(cls, device=None, priority: int = 0, **kwargs):
+            self = super().__new__(cls)
             self.cuda_stream = 0x9000 + priority
+            return self
 
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=TorchStream))
     streams = Streams()

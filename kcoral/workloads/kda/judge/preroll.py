@@ -95,10 +95,14 @@ class Streams:
             return
         base = getattr(owner, attr)
         made = self._made
+        # CuPy's class takes its arguments in __init__, torch's in __new__ alone (object's
+        # __init__, which refuses them when called explicitly)
+        own_init = base.__init__ is not object.__init__
 
         class Watched(base):  # type: ignore[misc, valid-type]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__(*args, **kwargs)
+                if own_init:
+                    super().__init__(*args, **kwargs)
                 made.add(self)
 
         Watched.__name__ = Watched.__qualname__ = base.__name__
