@@ -2,13 +2,12 @@
 
 On the H200 a candidate whose side streams waited on the judge's event only through an event
 of its own lost a scheduling time slice a call (about 2 ms: every `segments > 1` point benched
-at 3.0-3.4 ms against 0.86 ms by its events). These run without a GPU, so CuPy's and torch's
-stream classes and the CUDA runtime are stand-ins (FakeCuda: named as such), recording the
+at 3.0-3.4 ms against 0.86 ms by its events). These run without a GPU, so CuPy's stream
+class and the CUDA runtime are stand-ins (FakeCuda: named as such), recording the
 waits the host asks for; `test_attacks_gpu.py` benches such a candidate on a GPU."""
 from __future__ import annotations
 
 import gc
-import sys
 import types
 
 from kcoral.workloads.kda.judge.backend import Backend
@@ -40,7 +39,7 @@ class FakeCuda(types.SimpleNamespace):
 
 def _host(streams: Streams) -> tuple[FakeCuda, Waiter]:
     cp = FakeCuda()
-    streams.watch_cupy(cp)
+    streams.watch(cp)
     be = Backend(xp=cp, device="cuda", name="FakeCuda")
     return cp, Waiter(be, "ab12", streams)
 
@@ -72,32 +71,18 @@ def test_a_dropped_stream_is_no_longer_waited_on_and_the_current_once():
     assert gone_ptr not in ptrs and ptrs.count(side.ptr) == 1
 
 
-def test_torch_streams_are_watched_once_torch_is_imported(monkeypatch):
-    class TorchStream:
-        """Like torch.cuda.Stream: its arguments go to __new__ alone (object's __init__)."""
-        def __new__(cls, device=None, priority: int = 0, **kwargs):
-            self = super().__new__(cls)
-            self.cuda_stream = 0x9000 + priority
-            return self
-
-    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=TorchStream))
+def test_watching_twice_wraps_once():
     streams = Streams()
-    cp, waiter = _host(streams)
-    streams.watch_torch()  # not imported: nothing to watch, and nothing imported
-    assert "torch" not in streams._watched
-    monkeypatch.setitem(sys.modules, "torch", fake_torch)
-    streams.watch_torch()
-    streams.watch_torch()  # idempotent: one wrapper, not a wrapper of a wrapper
-    s = fake_torch.cuda.Stream(priority=-1)
-    assert type(s).__mro__[1] is TorchStream
-    waiter.wait()
-    assert (0x9000 - 1, "event:ab12") in cp.waits
+    cp, _ = _host(streams)
+    first = cp.cuda.Stream
+    streams.watch(cp)
+    assert cp.cuda.Stream is first and first.__mro__[1] is FakeStream
 
 
 def test_no_event_no_waits():
     streams = Streams()
     cp = FakeCuda()
-    streams.watch_cupy(cp)
+    streams.watch(cp)
     cp.cuda.Stream()
     Waiter(Backend(xp=cp, device="cuda", name="FakeCuda"), None, streams).wait()
     assert cp.waits == []

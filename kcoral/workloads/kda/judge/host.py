@@ -141,7 +141,6 @@ class Host:
         data = dict(inputs, output=output, final_state=final_state, scale=float(msg["scale"]))
         B, T, H = int(msg["B"]), int(msg["T"]), int(msg["H"])
         which = msg.get("which", "baseline")
-        self.streams.watch_torch()  # a candidate that imported torch makes its streams in setup
         try:
             if which == "baseline_check":  # the baseline writes into our outputs, not only its own tensors
                 fn = self.baseline.setup(data, B, T, H, write_outputs=True)
@@ -257,8 +256,8 @@ def main(argv: list[str]) -> int:
     confined = role == "candidate" and bool(writable)
     waiters: dict[str, Waiter] = {}
     streams = Streams()
-    if be.device == "cuda":
-        streams.watch_cupy(be.xp)  # before any candidate code: its streams are made through it
+    if be.device == "cuda" and role == "candidate":
+        streams.watch(be.xp)  # before any candidate code: its streams are made through it
     try:
         if preroll != "-":  # opened now: once confined, the event's file in /dev/shm cannot be
             waiters[preroll] = Waiter(be, preroll, streams)

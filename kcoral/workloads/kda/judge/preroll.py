@@ -16,19 +16,18 @@ that does not wait gains nothing (its kernels cannot run beside another process'
 its events then count the spin), so there is nothing here a candidate could skip to make
 room in the judge's clock.
 
-Every stream the host's process makes waits on the event too, not only the call's. A candidate
+Every stream a candidate makes through CuPy waits on the event too, not only the call's. A candidate
 that forks side streams orders them behind the call's stream by an event of its own, which is
 enough for correctness; but on the H200 such a chain, pending in the host's context while the
 judge's spin runs in another, cost the call one whole scheduling time slice: the spin itself
 took 4.5 ms instead of 2.5, and every `segments > 1` point benched at 3.0-3.4 ms against
 0.86 ms by its events. Waiting on the judge's event directly on each stream removed it
 (benchmarks/judge_handoff_probe.py, docs/benchmarks.md). The streams are found by wrapping
-CuPy's (and torch's, once the candidate has imported it) stream class before any candidate
-code runs. A stream made past them (raw CUDA calls) is not seen and keeps the old cost; what
-it saves, never what it hides: the judge's window counts everything until the host answers."""
+CuPy's stream class before any candidate code runs. A stream made past it (torch's, raw CUDA
+calls) is not seen and keeps the old cost, never a gain: the judge's window counts everything
+until the host answers. (Wrapping torch's class as well crashed fla's host on the H100.)"""
 from __future__ import annotations
 
-import sys
 import weakref
 from typing import Any
 
@@ -77,56 +76,31 @@ class Preroll:
 
 
 class Streams:
-    """Host side: the streams this process makes, as (weakly held) handles to wait on.
-
-    `watch_cupy` replaces `cupy.cuda.Stream` by a subclass that records each instance, before
-    any candidate code runs; `watch_torch` does the same for `torch.cuda.Stream` once torch
-    has been imported (the host never imports it for a candidate)."""
+    """Host side: the streams this process makes through CuPy, weakly held, to wait on.
+    `watch` replaces `cupy.cuda.Stream` by a subclass that records each instance; it runs
+    before any candidate code."""
 
     def __init__(self) -> None:
         self._made: weakref.WeakSet = weakref.WeakSet()
-        self._watched: set[str] = set()
+        self._watched = False
 
     def handles(self) -> list[int]:
-        return [h for h in (_handle(s) for s in list(self._made)) if h]
+        return [h for h in (getattr(s, "ptr", 0) for s in list(self._made)) if h]
 
-    def _wrap(self, owner: Any, attr: str, key: str) -> None:
-        if key in self._watched:
+    def watch(self, cp: Any) -> None:
+        if self._watched:
             return
-        base = getattr(owner, attr)
-        made = self._made
-        # CuPy's class takes its arguments in __init__, torch's in __new__ alone (object's
-        # __init__, which refuses them when called explicitly)
-        own_init = base.__init__ is not object.__init__
+        base, made = cp.cuda.Stream, self._made
 
         class Watched(base):  # type: ignore[misc, valid-type]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
-                if own_init:
-                    super().__init__(*args, **kwargs)
+                super().__init__(*args, **kwargs)
                 made.add(self)
 
         Watched.__name__ = Watched.__qualname__ = base.__name__
         Watched.__module__ = base.__module__
-        setattr(owner, attr, Watched)
-        self._watched.add(key)
-
-    def watch_cupy(self, cp: Any) -> None:
-        self._wrap(cp.cuda, "Stream", "cupy")
-        cp.cuda.stream.Stream = cp.cuda.Stream  # the same class under both names
-
-    def watch_torch(self) -> None:
-        torch = sys.modules.get("torch")
-        if torch is not None and "torch" not in self._watched and hasattr(torch, "cuda"):
-            self._wrap(torch.cuda, "Stream", "torch")
-
-
-def _handle(stream: Any) -> int:
-    """A stream's CUDA handle, for CuPy's streams (`ptr`) and torch's (`cuda_stream`)."""
-    for attr in ("ptr", "cuda_stream"):
-        value = getattr(stream, attr, None)
-        if isinstance(value, int):
-            return value
-    return 0
+        cp.cuda.Stream = cp.cuda.stream.Stream = Watched  # the same class under both names
+        self._watched = True
 
 
 class Waiter:
