@@ -53,6 +53,7 @@ def test_every_stream_the_candidate_makes_waits_on_the_judge():
     waited = {ptr for ptr, ev in cp.waits if ev == "event:ab12"}
     assert waited == {cp.current.ptr, prep.ptr, walk.ptr}
     assert isinstance(prep, FakeStream) and type(prep).__name__ == "FakeStream"  # still the class it asked for
+    assert isinstance(cp.current, cp.cuda.Stream) and issubclass(FakeStream, cp.cuda.Stream)  # and CuPy's own stay its
     assert prep.priority == 0 and walk.priority == -1000  # arguments reach the real constructor
 
 

@@ -92,7 +92,16 @@ class Streams:
             return
         base, made = cp.cuda.Stream, self._made
 
-        class Watched(base):  # type: ignore[misc, valid-type]
+        class Meta(type(base)):  # type: ignore[misc]
+            # CuPy's own streams (get_current_stream's, Stream.null) are of the class it
+            # had: they stay instances of the name a candidate checks against
+            def __instancecheck__(cls, obj: Any) -> bool:
+                return isinstance(obj, base)
+
+            def __subclasscheck__(cls, sub: Any) -> bool:
+                return issubclass(sub, base)
+
+        class Watched(base, metaclass=Meta):  # type: ignore[misc, valid-type]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 made.add(self)
