@@ -5,6 +5,10 @@ On the H200 every two_pass point with `segments > 1` (side streams) benched at 3
 by the judge's own per-call clock while its CUDA events read about 0.85 ms, and single-stream
 points agree with their events within 2 % (docs/benchmarks.md, eighteenth session). The
 suspect is the hand-off between the judge's process (its pre-roll spin) and the host's.
+Answered on the H200 (docs/benchmarks.md, nineteenth session): the judge's spin was held off
+the GPU for a time slice (2.5 ms became 4.5) whenever side streams waited on the pre-roll only
+through the candidate's own event; `allwait` (every stream waits on it) removed it, and the
+judge's host now does that for every CuPy stream a candidate makes (judge/preroll.py).
 
 A two-process replica of judge/calls.py (window), judge/preroll.py (spin + interprocess
 event) and judge/host.py (wait on the current stream, CUDA events, device sync, answer),
