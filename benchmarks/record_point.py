@@ -2,10 +2,13 @@
 
     python benchmarks/record_point.py FAMILY '{"v_block": 128, ...}' --ms 1.2467 --commit 2ea21dd --source "..."
     python benchmarks/record_point.py FAMILY '{...}' --failure compile --commit SHA
-    python benchmarks/record_point.py --from-db sqlite:///evolve.db --commit SHA [--workload NAME]
+    python benchmarks/record_point.py --from-db sqlite:///evolve.db --commit SHA [--workload NAME] [--device TEXT]
 
 `--from-db` appends every family candidate's latest official bench in that database (its
-time, or its failure kind). Prints what it appended; `--json` as JSON.
+time, or its failure kind), of the benches run on a card whose name holds `--device` ("H200"
+unless told: the file records H200 points; "" takes every card). Benches that recorded no
+card (databases before 2026-12-05, all from the H200) are taken. Prints what it appended, and
+on stderr what it left out; `--json` as JSON.
 """
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ from evolve.replay.recorded import RecordedPoint, append_points  # noqa: E402
 DEFAULT_FILE = REPO / "benchmarks" / "landscapes" / "h200-points.csv"
 
 
-def from_db(url: str, workload: str | None, commit: str, source: str) -> list[RecordedPoint]:
+def from_db(url: str, workload: str | None, commit: str, source: str,
+            device: str = "H200") -> tuple[list[RecordedPoint], dict[str, int]]:
+    """The points, and by card name the benches left out for running on another card."""
     from evolve.population import Population
     if "://" not in url:
         url = f"sqlite:///{url}"
@@ -33,7 +38,12 @@ def from_db(url: str, workload: str | None, commit: str, source: str) -> list[Re
     try:
         wid = pop.workload_id(workload) if workload else None
         latest = {}
+        other: dict[str, int] = {}
         for ev in pop.evaluations_of(wid, stage="bench"):
+            card = (ev.metrics or {}).get("device")
+            if isinstance(card, str) and device.lower() not in card.lower():
+                other[card] = other.get(card, 0) + 1
+                continue
             if ev.status in ("passed", "failed"):
                 latest[ev.candidate_id] = ev
         out = []
@@ -46,7 +56,7 @@ def from_db(url: str, workload: str | None, commit: str, source: str) -> list[Re
                                      source=source or f"evolve database, candidate {cid}",
                                      ms=ev.ms if ev.status == "passed" else None,
                                      failure=None if ev.status == "passed" else (ev.failure_kind or "runtime")))
-        return out
+        return out, other
     finally:
         pop.close()
 
@@ -62,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default="", help="where the figure comes from (a docs section, a command)")
     ap.add_argument("--from-db", help="an evolve database (URL or SQLite path): append its benched points")
     ap.add_argument("--workload", help="with --from-db: only this workload")
+    ap.add_argument("--device", default="H200", help="with --from-db: only benches on a card whose name holds "
+                                                     "this ('' for every card)")
     ap.add_argument("--file", type=Path, default=DEFAULT_FILE)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -69,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.from_db:
             if args.family or args.params:
                 ap.error("--from-db takes no FAMILY or PARAMS")
-            points = from_db(args.from_db, args.workload, args.commit, args.source)
+            points, other = from_db(args.from_db, args.workload, args.commit, args.source, args.device)
+            for card, n in sorted(other.items()):
+                print(f"left out {n} bench(es) run on {card} (not {args.device!r}; --device to choose)",
+                      file=sys.stderr)
         else:
             if not args.family or not args.params:
                 ap.error("give FAMILY and PARAMS, or --from-db")

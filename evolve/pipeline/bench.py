@@ -33,6 +33,11 @@ def bench_result(rep: BenchReport, against: Path | None = None) -> StageResult:
         metrics["against"] = str(against)
     metrics["spreads"] = dict(getattr(rep, "spreads", {}) or {})
     metrics["request_id"] = getattr(rep, "request_id", "")
+    # The card it ran on: a speedup is a ratio to the baseline on that card (3.14x on an
+    # H100, 3.31x on an H200 for one kernel), so figures of two kinds of card do not compare.
+    device = getattr(rep, "device", None)
+    if isinstance(device, str) and device:
+        metrics["device"] = device
     metrics.update(node_metric(rep))
     gpu = getattr(rep, "gpu", None)
     fields = dict(ms=rep.kernel_ms, baseline_ms=rep.baseline_ms, speedup=rep.speedup, spread=rep.spread,

@@ -259,7 +259,11 @@ def test_record_point_from_a_real_database(tmp_path, pop):
         ids.append(cand.id)
     _finish(pop, ids[0], "bench", True, speedup=2.0)          # ms=1.0 (the helper's)
     _finish(pop, ids[1], "bench", False, kind="runtime")
-    # ids[2]: never benched, not recorded
+    # ids[2]: benched on another kind of card, not an H200 point
+    eid = pop.begin_stage(ids[2], "bench")
+    assert eid is not None
+    pop.finish_stage(eid, StageResult(status="passed", speedup=3.1, ms=1.03,
+                                      metrics={"device": "NVIDIA H100 80GB HBM3"}))
     db_url = str(pop.db.engine.url)
     out = tmp_path / "points.csv"
     proc = _script(str(REPO / "benchmarks" / "record_point.py"), "--from-db", db_url, "--commit", "abc1234",
@@ -268,6 +272,11 @@ def test_record_point_from_a_real_database(tmp_path, pop):
     got = load_points(out)
     assert [(p.params, p.ms, p.failure) for p in got] == [(points[0], 1.0, None), (points[1], None, "runtime")]
     assert all(p.family == fam.name and p.commit == "abc1234" for p in got)
+    assert "left out 1 bench(es) run on NVIDIA H100 80GB HBM3" in proc.stderr
+    every = tmp_path / "every.csv"
+    proc = _script(str(REPO / "benchmarks" / "record_point.py"), "--from-db", db_url, "--commit", "abc1234",
+                   "--file", str(every), "--device", "", cwd=tmp_path)
+    assert proc.returncode == 0 and [p.ms for p in load_points(every)] == [1.0, None, 1.03]
     bad = _script(str(REPO / "benchmarks" / "record_point.py"), "f", "[1]", "--ms", "1", "--commit", "c",
                   "--file", str(out), cwd=tmp_path)
     assert bad.returncode == 2 and "JSON object" in bad.stderr
