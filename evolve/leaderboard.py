@@ -58,13 +58,19 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
     # The evaluation that holds each candidate's best speedup (lowest id on ties).
     E = EvaluationModel
     bench: dict[int, tuple[int | None, float | None, float | None, float | None, int | None]] = {}
+    cards: dict[int, str] = {}   # the card that bench ran on: speedups of two kinds of card do not compare
     for ev in conn.execute(
-        select(E.candidate_id, E.id, E.ms, E.baseline_ms, E.spread, E.excessive_sectors)
+        select(E.candidate_id, E.id, E.ms, E.baseline_ms, E.spread, E.excessive_sectors, E.metrics)
         .where(E.candidate_id.in_(ids), E.stage == Stage.BENCH, E.status == EvaluationStatus.PASSED,
                E.speedup.is_not(None))
         .order_by(E.speedup.desc(), E.id)
     ):
-        bench.setdefault(ev.candidate_id, (ev.id, ev.ms, ev.baseline_ms, ev.spread, ev.excessive_sectors))
+        if ev.candidate_id in bench:
+            continue
+        bench[ev.candidate_id] = (ev.id, ev.ms, ev.baseline_ms, ev.spread, ev.excessive_sectors)
+        card = (ev.metrics or {}).get("device") if isinstance(ev.metrics, dict) else None
+        if isinstance(card, str) and card:
+            cards[ev.candidate_id] = card
 
     # Excessive sectors: from the bench row if it has them, else the latest passed profile.
     sectors: dict[int, int] = {
@@ -116,6 +122,7 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
                 excessive_sectors=bench_sectors if bench_sectors is not None else sectors.get(cand.id),
                 confirmed=cand.id in promoted,
                 best=cand.id in current_best,
+                device=cards.get(cand.id),
             )
         )
     return rows

@@ -21,6 +21,13 @@ def short_dir(directory: str | None) -> str:
     return PurePath(directory).name[:12] if directory else "-"
 
 
+def short_card(device: str | None) -> str:
+    # "NVIDIA H100 80GB HBM3" -> "H100 80GB HBM3": the maker is the same on every row.
+    if not device:
+        return "-"
+    return device.removeprefix("NVIDIA ").strip() or device
+
+
 @dataclass(frozen=True)
 class Column:
     key: str                                  # the JSON key: a LeaderboardRow field or property
@@ -40,6 +47,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("spread", "spread", lambda r: ("-" if r.spread is None else f"{r.spread:.1%}") + (" noisy" if r.noisy else "")),
     Column("confirmed", "confirmed", lambda r: ("✓ best" if r.best else "✓") if r.confirmed else ""),
     Column("excessive_sectors", "excess sectors", lambda r: _fmt(r.excessive_sectors, ",d"), numeric=True),
+    Column("device", "card", lambda r: short_card(r.device)),
     Column("source", "origin", lambda r: r.source),
     Column("directory", "directory", lambda r: r.directory, in_text=False),
 )

@@ -206,6 +206,7 @@ class LeaderboardRow(_Snapshot):
     noisy: bool = False  # that spread is at least its gain over the baseline
     confirmed: bool  # promoted at some point
     best: bool  # the current confirmed best of its workload
+    device: str | None = None  # the card that bench ran on (None: not recorded, before 2026-12-05)
 
     @property
     def source(self) -> str:

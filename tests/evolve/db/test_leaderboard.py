@@ -105,3 +105,21 @@ def test_confirmed_entries_rank_above_unconfirmed_with_spread_and_noise(pop: Pop
     lines = format_table(rows).splitlines()
     assert "spread" in lines[0].split()
     assert "71.7%" in lines[3] and "noisy" in lines[3] and "noisy" not in lines[2]
+
+
+def test_each_row_names_the_card_its_bench_ran_on(pop: Population, workload: int) -> None:
+    # A speedup is a ratio to the baseline on one card (one kernel: 3.14x on an H100, 3.31x on
+    # an H200): a population benched on two kinds of card says which figure came from which.
+    h200 = make_candidate(pop, workload, "on_h200")
+    h100 = make_candidate(pop, workload, "on_h100")
+    old = make_candidate(pop, workload, "unrecorded")
+    finish(pop, h200, "bench", StageResult(status="passed", speedup=3.31, metrics={"device": "NVIDIA H200"}))
+    finish(pop, h100, "bench", StageResult(status="passed", speedup=3.14,
+                                           metrics={"device": "NVIDIA H100 80GB HBM3"}))
+    finish(pop, old, "bench", StageResult(status="passed", speedup=2.0))
+    rows = pop.leaderboard(workload)
+    assert [(r.candidate_id, r.device) for r in rows] == [(h200, "NVIDIA H200"), (h100, "NVIDIA H100 80GB HBM3"),
+                                                          (old, None)]
+    lines = format_table(rows).splitlines()
+    assert "card" in lines[0].split() and "H100 80GB HBM3" in lines[3] and "NVIDIA" not in lines[3]
+    assert json.loads(to_json(rows))[1]["device"] == "NVIDIA H100 80GB HBM3"
