@@ -37,8 +37,10 @@ def test_second_signal_cancels_the_stages_in_flight(tmp_path, cpu_server):
     err = err_path.read_text()
     assert proc.returncode == 130 and "abandoned" in err, err[-2000:]
     assert took < 3, took
-    # The server stopped the abandoned bench program rather than running it to its end.
-    wait_for(lambda: _cancelled_lines(cpu_server) > cancelled_before, timeout=3, interval=0.05,
+    # The server stopped the abandoned bench program rather than running it to its end (that
+    # would log it OK, not CANCELLED). How soon it notices the client gone is not the point:
+    # on a loaded 2-core CI machine 3 s was once too short.
+    wait_for(lambda: _cancelled_lines(cpu_server) > cancelled_before, timeout=15, interval=0.05,
              what="a CANCELLED request line on the server")
     wait_for(lambda: all(w["status"] == "idle" for w in cpu_server.health()["workers"]) or None,
              timeout=5, interval=0.05, what="every worker idle again")
