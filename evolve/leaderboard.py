@@ -68,7 +68,7 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
         if ev.candidate_id in bench:
             continue
         bench[ev.candidate_id] = (ev.id, ev.ms, ev.baseline_ms, ev.spread, ev.excessive_sectors)
-        card = (ev.metrics or {}).get("device") if isinstance(ev.metrics, dict) else None
+        card = ev.metrics.get("device") if isinstance(ev.metrics, dict) else None
         if isinstance(card, str) and card:
             cards[ev.candidate_id] = card
 

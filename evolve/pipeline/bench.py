@@ -8,7 +8,7 @@ from evolve.pipeline.context import StageContext
 from evolve.pipeline.crash import exception_line, last_traceback
 from evolve.pipeline.errors import TransportTrouble, normalise_kind
 from evolve.pipeline.screen import screened
-from evolve.pipeline.timings import jsonable, node_metric
+from evolve.pipeline.timings import device_metric, jsonable, node_metric
 from evolve.population import Candidate, StageLogs, StageResult
 from evolve.vocabulary import EvaluationStatus, FailureKind, Stage
 
@@ -33,11 +33,7 @@ def bench_result(rep: BenchReport, against: Path | None = None) -> StageResult:
         metrics["against"] = str(against)
     metrics["spreads"] = dict(getattr(rep, "spreads", {}) or {})
     metrics["request_id"] = getattr(rep, "request_id", "")
-    # The card it ran on: a speedup is a ratio to the baseline on that card (3.14x on an
-    # H100, 3.31x on an H200 for one kernel), so figures of two kinds of card do not compare.
-    device = getattr(rep, "device", None)
-    if isinstance(device, str) and device:
-        metrics["device"] = device
+    metrics.update(device_metric(rep))
     metrics.update(node_metric(rep))
     gpu = getattr(rep, "gpu", None)
     fields = dict(ms=rep.kernel_ms, baseline_ms=rep.baseline_ms, speedup=rep.speedup, spread=rep.spread,

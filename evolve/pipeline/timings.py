@@ -23,6 +23,14 @@ def outcome_fields(outcome: Any) -> dict[str, Any]:
     return out
 
 
+def device_metric(source: Any) -> dict[str, str]:
+    """{"device": name} of the card a bench ran on (a BenchReport's device). A speedup is a
+    ratio to the baseline on that card (one kernel: 3.14x on an H100, 3.31x on an H200), so
+    figures of two kinds of card do not compare."""
+    device = getattr(source, "device", None)
+    return {"device": device} if isinstance(device, str) and device else {}
+
+
 def node_metric(source: Any) -> dict[str, str]:
     """{"node": id} when a router node ran it (an Outcome's or a BenchReport's node_id)."""
     node = getattr(source, "node_id", None)

@@ -117,7 +117,7 @@ class Waiter:
     judge's event."""
 
     def __init__(self, be: Backend, handle: str | None, streams: Streams | None = None) -> None:
-        self.be, self.event, self.streams = be, None, streams
+        self.be, self.event, self.streams = be, None, streams or Streams()
         if be.device == "cuda" and handle:
             self.event = be.xp.cuda.runtime.ipcOpenEventHandle(bytes.fromhex(handle))
 
@@ -126,6 +126,6 @@ class Waiter:
             cp = self.be.xp
             current = cp.cuda.get_current_stream().ptr
             cp.cuda.runtime.streamWaitEvent(current, self.event, 0)
-            for ptr in self.streams.handles() if self.streams is not None else ():
+            for ptr in self.streams.handles():
                 if ptr != current:
                     cp.cuda.runtime.streamWaitEvent(ptr, self.event, 0)

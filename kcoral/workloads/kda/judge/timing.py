@@ -180,15 +180,15 @@ def settle(first: Pair, again: Pair, against: bool) -> tuple[Pair, str]:
     before, after = refused(first, against), refused(again, against)
     if len(after) < len(before):
         return again, f"re-measured once ({', '.join(before)} refused); the re-measure's host times stand"
-    if not against and _ratio(again) > _ratio(first):
-        # Refused twice, the candidate's figures are the judge's clock's, which is noisy at
-        # the 10 % level (on an H100 a refused trial read 0.934 ms a call, honest events of
-        # the same kernel 1.027): of two draws it keeps the one less favourable to the host
-        # that understated. Against an incumbent both sides are untrusted: the first stays.
-        return again, (f"re-measured once ({', '.join(before)} refused); refused again "
-                       f"({', '.join(after)}), the slower measure (the re-measure) kept")
-    return first, (f"re-measured once ({', '.join(before)} refused); refused again "
-                   f"({', '.join(after)}), the {'slower' if not against else 'first'} measure (the first) kept")
+    refused_twice = f"re-measured once ({', '.join(before)} refused); refused again ({', '.join(after)})"
+    if against:  # both sides untrusted: the first stays
+        return first, f"{refused_twice}, the first measure kept"
+    # The candidate's figures are then the judge's clock's, which is noisy at the 10 % level
+    # (on an H100 a refused trial read 0.934 ms a call, honest events of the same kernel
+    # 1.027): of two draws it keeps the one less favourable to the host that understated.
+    if _ratio(again) > _ratio(first):
+        return again, f"{refused_twice}, the slower measure (the re-measure) kept"
+    return first, f"{refused_twice}, the slower measure (the first) kept"
 
 
 def _ratio(pair: Pair) -> float:
