@@ -17,14 +17,17 @@ from tests.evolve.search.conftest import NUMPY_FAMILY
 from tests.evolve.search.helpers import WORKLOAD
 from tests.serverproc import ServerProcess
 
-# The best is the token loop (about 10 ms here); the fixture is about 2x faster than it when
-# fast and several times slower when slow.
-BASE = dict(algorithm="recurrent", chunk=8, batching="per_chunk", decay_form="pairwise", contract="matmul", solve="linalg", dtype="float32")
+# Both sides are one NumPy point (a few ms a call) plus a sleep, so which is faster does not
+# hinge on how two algorithms compare on a loaded 2-core machine (CI once saw the chunked point
+# run slower than the token loop): the best sleeps 30 ms a call; the noisy fixture 0 ms when
+# fast and 90 ms when slow. Load stretches compute, hardly sleeps.
 FAST = dict(algorithm="chunked", chunk=16, batching="per_chunk", decay_form="factored", contract="matmul", solve="linalg", dtype="float32")
+BEST_SLEEP_S = 0.03
+NOISY_SLOW_SLEEP_S = 0.09
 
 
-def noisy_fixture(dest: Path, fast_dir: Path, mode_file: Path) -> Path:
-    """TEST FIXTURE: the fast NumPy point, slowed by 40 ms per call while `mode_file` says slow."""
+def noisy_fixture(dest: Path, fast_dir: Path, mode_file: Path, slow_s: float) -> Path:
+    """TEST FIXTURE: the fast NumPy point, slowed by `slow_s` per call while `mode_file` says slow."""
     src = (fast_dir / "solution.py").read_text().replace("def setup(", "def _fast_setup(")
     src += f'''
 
@@ -43,7 +46,7 @@ def setup(data, B, T, H):
 
     def slow_fn():
         fn()
-        _time.sleep(0.04)
+        _time.sleep({slow_s!r})
 
     return slow_fn
 '''
@@ -72,10 +75,12 @@ def test_noisy_winner_is_not_promoted(tmp_path, pop, unsandboxed_server):
         promoter = Promoter(ctx, PromotionConfig(confirm_runs=2, margin=0.05))
 
         # 1. the first correct candidate becomes the best after confirmations against the baseline
-        seed_dir = render_candidate(fam, BASE, tmp_path / "gen")
-        seed, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="seed", family=fam.name,
-                                                 params=BASE, digest=seed_dir.name,
-                                                 directory=str(seed_dir)))
+        fast_dir = render_candidate(fam, FAST, tmp_path / "gen")
+        always_slow = tmp_path / "always-slow"
+        always_slow.write_text("slow")
+        seed_dir = noisy_fixture(tmp_path / "scratch" / "steady", fast_dir, always_slow, BEST_SLEEP_S)
+        seed, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest=source_digest(seed_dir),
+                                                 directory=str(seed_dir), name="steady-fixture"))
         out = run_pipeline(ctx, seed, ["check", "bench"])
         assert out.passed, out
         first = promoter.consider(seed, out.bench)
@@ -86,8 +91,7 @@ def test_noisy_winner_is_not_promoted(tmp_path, pop, unsandboxed_server):
         # 2. the noisy candidate benches fast ...
         mode = tmp_path / "mode"
         mode.write_text("fast")
-        fast_dir = render_candidate(fam, FAST, tmp_path / "gen")
-        noisy_dir = noisy_fixture(tmp_path / "scratch" / "noisy", fast_dir, mode)
+        noisy_dir = noisy_fixture(tmp_path / "scratch" / "noisy", fast_dir, mode, NOISY_SLOW_SLEEP_S)
         noisy, _ = pop.add_candidate(NewCandidate(workload_id=wid, origin="agent", digest=source_digest(noisy_dir),
                                                   directory=str(noisy_dir), name="noisy-fixture"))
         out = run_pipeline(ctx, noisy, ["check", "bench"])
