@@ -58,6 +58,16 @@ POINTS = [
     ({"walk_loads": "bulk", "ut_product": "state", "stages": 2}, 232),
     ({"walk_loads": "bulk", "ut_product": "state", "stages": 2, "v_block": 64, "state_warps": 4, "out_store": "deferred"}, 232),
     ({"walk_loads": "bulk", "ut_product": "state", "stages": 2, "elementwise": "bf16x2"}, 232),
+    # w's decay on its B fragments in registers (no pass over Ak): beside the defaults, on the
+    # persistent schedule (the tighter register budget), with the other norms, inverse and
+    # elementwise ways, and where only w is formed (ut by the walk)
+    ({"w_gamma": "fragments"}, 232),
+    ({"w_gamma": "fragments", "prep_schedule": "persistent"}, 232),
+    ({"w_gamma": "fragments", "row_norms": "cuda_cores"}, 232),
+    ({"w_gamma": "fragments", "inverse_products": "fp32", "diag_inverse": "after_blocks"}, 232),
+    ({"w_gamma": "fragments", "elementwise": "bf16x2"}, 232),
+    ({"w_gamma": "fragments", "ut_product": "state", "stages": 2}, 232),
+    ({**WL, "w_gamma": "fragments"}, 255),
 ]
 POINTS = [(for_prep(o), bound) for o, bound in POINTS]
 SPILL_BOUND = 0   # bytes of spill stores/loads any admitted point may have
@@ -71,7 +81,7 @@ def test_family_loads_and_defaults_are_admitted():
     assert set(fam.defaults) == {"chunk", "v_block", "state_warps", "stages", "state_step", "prep_smem",
                                  "uo_blocks", "out_store", "prep_schedule", "segments", "diag_inverse",
                                  "inverse_products", "flush_denormals", "prep_order", "elementwise", "ut_product",
-                                 "row_norms", "walk_loads"}
+                                 "row_norms", "walk_loads", "w_gamma"}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -99,6 +109,7 @@ def test_family_loads_and_defaults_are_admitted():
     ({"walk_loads": "bulk", "state_step": "warp_local", "stages": 2}, "ring's image"),
     ({"prep_smem": "lean", **NOT_TILES, "walk_loads": "bulk"}, "ring's image"),
     ({"walk_loads": "bulk", "prep_schedule": "persistent", "row_norms": "cuda_cores"}, "CUDA-core norms"),
+    ({"prep_smem": "lean", **NOT_TILES, "w_gamma": "fragments"}, "w_gamma = 'fragments'"),
 ])
 def test_constraints_reject(overrides, message):
     from evolve.families import load_family

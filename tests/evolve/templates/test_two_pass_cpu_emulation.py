@@ -11,7 +11,8 @@ prep grid runs first, then the state grid, as the candidate launches them (with 
 against the float64 recurrence with the judge's bounds.
 
 It covers both state steps, both prep layouts and both ring depths, with the first
-design (`cta`, `full`, one slot) as a control. Every buffer carries a canary tail and the
+design (`cta`, `full`, one slot) as a control, and checks that w's decay applied in
+registers (w_gamma) changes no output bit. Every buffer carries a canary tail and the
 inputs are compared bit for bit afterwards: no kernel writes outside its outputs. It cannot check timing, memory-ordering
 races hidden by the cooperative schedule, or register limits (test_two_pass_compile.py).
 """
@@ -22,10 +23,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .conftest import NOT_BULK, for_prep
-from .test_fused_cpu_emulation import DRIVER, GXX, PRELUDE, PRIMITIVES, _strip_functions, check_case, write_case
+from .test_fused_cpu_emulation import (DRIVER, GXX, PRELUDE, PRIMITIVES, _bits, _strip_functions, check_case,
+                                       write_case)
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
 K = 128
@@ -456,6 +459,11 @@ POINTS = [
     ({"walk_loads": "bulk", "ut_product": "state", "stages": 2, "v_block": 64, "state_warps": 4, "out_store": "deferred"},
      [(1, 129, 1, "scored"), (2, 65, 1, "saturated")]),
     ({"walk_loads": "bulk", "ut_product": "state", "stages": 2, "segments": 4}, [(2, 257, 1, "scored"), (1, 17, 1, "scored")]),
+    # w's decay applied to its B fragments in registers: the grid and persistent schedules, and
+    # with ut formed by the walk (w the prep's only product)
+    ({"w_gamma": "fragments"}, ALL_T + [(2, 200, 1, "switch"), (1, 65, 2, "scored")]),
+    ({"w_gamma": "fragments", "prep_schedule": "persistent"}, [(2, 129, 2, "scored"), (1, 200, 1, "saturated")]),
+    ({"w_gamma": "fragments", "ut_product": "state", "stages": 2}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
@@ -465,7 +473,8 @@ IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_
        "by_head", "by_chunk", "descending_segments_h2", "cp_async_bf16x2",
        "ut_state_cp_async", "ut_state_deferred", "cp_async_ut_state_segments_4", "ut_state_persistent",
        "bulk_s3", "bulk_s2_deferred", "bulk_vb64_s1", "cp_async_segments_4", "bulk_persistent", "bulk_bf16x2",
-       "bulk_ut_state", "bulk_ut_state_vb64_deferred", "bulk_ut_state_segments_4"]
+       "bulk_ut_state", "bulk_ut_state_vb64_deferred", "bulk_ut_state_segments_4",
+       "w_gamma_fragments", "w_gamma_fragments_persistent", "w_gamma_fragments_ut_state"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
@@ -476,3 +485,32 @@ def test_kernel_sources_on_cpu(render_point, tmp_path, overrides, cases):
     for i, (B, T, H, regime) in enumerate(cases):
         run_case(exe, tmp_path / "cpu", B, T, H, regime, 200 + i, params["v_block"], params["state_warps"],
                  params["segments"])
+
+
+# w_gamma = "fragments" forms each of w's operand values as the tile pass does (the bf16 Ak
+# value times e^(B_j) in fp32, rounded once), so the outputs must match bit for bit. The
+# regimes above decay every channel alike, so a factor taken from the wrong column would pass
+# unseen; here each channel decays at a rate of its own.
+SAME_BITS = [{}, {"prep_schedule": "persistent"}, {"ut_product": "state", "stages": 2, "inverse_products": "fp32"}]
+
+
+@pytest.mark.parametrize("overrides", [for_prep(o) for o in SAME_BITS], ids=["defaults", "persistent", "ut_state_fp32"])
+def test_w_gamma_in_registers_changes_no_output_bit(render_point, tmp_path, overrides):
+    B, T, H, seed = 2, 129, 2, 7
+    outputs = []
+    for way in ("tile", "fragments"):
+        cand, fam = render_point("two_pass", **overrides, w_gamma=way)
+        params = {**fam.defaults, **overrides}
+        work = tmp_path / way
+        exe = build(cand, work)
+        write_case(work, B, T, H, "scored", seed)
+        rng = np.random.default_rng(seed)   # per-channel decays from about -0.03 to -2.5 a token
+        _bits(rng.normal(size=(B, T, H, K)) * 0.3).tofile(work / "g.bin")
+        np.zeros(H, np.float32).tofile(work / "A_log.bin")
+        np.float32(rng.uniform(-5, 0, H * K)).tofile(work / "dt_bias.bin")
+        res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed), str(params["v_block"]),
+                              str(params["state_warps"]), str(params["segments"])],
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, f"rc={res.returncode}: {res.stderr[-2000:]}"
+        outputs.append([(work / name).read_bytes() for name in ("out.bin", "final.bin")])
+    assert outputs[0] == outputs[1]
