@@ -127,7 +127,7 @@ def test_points_pruned_depth_first_are_the_filtered_product_in_its_order(toy_fam
     assert list(numpy.points()) == _filtered_product(numpy)
     two_pass = load_family(NUMPY_FAMILY.parent / "two_pass").restrict(
         fixed={"chunk": 64, "segments": 1, "prep_order": "by_head", "flush_denormals": 1, "diag_inverse": "in_blocks",
-               "row_norms": "tensor_cores", "walk_loads": "cp_async", "w_gamma": "tile"})
+               "row_norms": "tensor_cores", "walk_loads": "cp_async", "w_gamma": "tile", "t_bf16": "converted"})
     assert two_pass.size_upper_bound() < 20000
     assert list(two_pass.points()) == _filtered_product(two_pass)
 

@@ -51,7 +51,7 @@ def cupy_or_skip():
 NOT_GRID = {"prep_order": "by_head"}   # the grid tiles prep's own way, at its only value elsewhere
 NOT_BULK = {"walk_loads": "cp_async"}   # the wgmma walk's bulk loads from the tiles prep's ring image
 NOT_TILES = {"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "fp32",
-             "row_norms": "cuda_cores", "w_gamma": "tile",
+             "row_norms": "cuda_cores", "w_gamma": "tile", "t_bf16": "converted",
              **NOT_GRID, **NOT_BULK}
 
 

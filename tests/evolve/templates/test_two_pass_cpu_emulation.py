@@ -12,7 +12,7 @@ against the float64 recurrence with the judge's bounds.
 
 It covers both state steps, both prep layouts and both ring depths, with the first
 design (`cta`, `full`, one slot) as a control, and checks that w's decay applied in
-registers (w_gamma) changes no output bit. Every buffer carries a canary tail and the
+registers (w_gamma) and T written in bf16 by the inverse (t_bf16) change no output bit. Every buffer carries a canary tail and the
 inputs are compared bit for bit afterwards: no kernel writes outside its outputs. It cannot check timing, memory-ordering
 races hidden by the cooperative schedule, or register limits (test_two_pass_compile.py).
 """
@@ -464,6 +464,11 @@ POINTS = [
     ({"w_gamma": "fragments"}, ALL_T + [(2, 200, 1, "switch"), (1, 65, 2, "scored")]),
     ({"w_gamma": "fragments", "prep_schedule": "persistent"}, [(2, 129, 2, "scored"), (1, 200, 1, "saturated")]),
     ({"w_gamma": "fragments", "ut_product": "state", "stages": 2}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    # T written in bf16 by the inverse's own stores: both engines, with w's decay in registers,
+    # and the walk that copies T's whole rows (so its zero blocks) and forms ut
+    ({"t_bf16": "direct"}, ALL_T + [(2, 200, 1, "switch"), (1, 65, 2, "scored")]),
+    ({"t_bf16": "direct", "inverse_products": "fp32", "w_gamma": "fragments"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({**NOT_BULK, "t_bf16": "direct", "ut_product": "state", "stages": 2}, [(1, 129, 1, "scored"), (2, 200, 1, "saturated")]),
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
@@ -474,7 +479,8 @@ IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_
        "ut_state_cp_async", "ut_state_deferred", "cp_async_ut_state_segments_4", "ut_state_persistent",
        "bulk_s3", "bulk_s2_deferred", "bulk_vb64_s1", "cp_async_segments_4", "bulk_persistent", "bulk_bf16x2",
        "bulk_ut_state", "bulk_ut_state_vb64_deferred", "bulk_ut_state_segments_4",
-       "w_gamma_fragments", "w_gamma_fragments_persistent", "w_gamma_fragments_ut_state"]
+       "w_gamma_fragments", "w_gamma_fragments_persistent", "w_gamma_fragments_ut_state",
+       "t_bf16_direct", "t_bf16_direct_fp32_w_gamma", "t_bf16_direct_cp_async_ut_state"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
@@ -488,18 +494,25 @@ def test_kernel_sources_on_cpu(render_point, tmp_path, overrides, cases):
 
 
 # w_gamma = "fragments" forms each of w's operand values as the tile pass does (the bf16 Ak
-# value times e^(B_j) in fp32, rounded once), so the outputs must match bit for bit. The
-# regimes above decay every channel alike, so a factor taken from the wrong column would pass
-# unseen; here each channel decays at a rate of its own.
-SAME_BITS = [{}, {"prep_schedule": "persistent"}, {"ut_product": "state", "stages": 2, "inverse_products": "fp32"}]
+# value times e^(B_j) in fp32, rounded once), and t_bf16 = "direct" rounds each fp32 value of
+# T to bf16 once, as the conversion pass does: the outputs must match the first way's bit for
+# bit. The regimes above decay every channel alike, so a factor taken from the wrong column
+# would pass unseen; here each channel decays at a rate of its own.
+SAME_BITS = [("w_gamma", {}), ("w_gamma", {"prep_schedule": "persistent"}),
+             ("w_gamma", {"ut_product": "state", "stages": 2, "inverse_products": "fp32"}),
+             ("t_bf16", {}), ("t_bf16", {"inverse_products": "fp32", "w_gamma": "fragments"}),
+             ("t_bf16", {**NOT_BULK, "ut_product": "state", "stages": 2})]
+WAYS = {"w_gamma": ("tile", "fragments"), "t_bf16": ("converted", "direct")}
 
 
-@pytest.mark.parametrize("overrides", [for_prep(o) for o in SAME_BITS], ids=["defaults", "persistent", "ut_state_fp32"])
-def test_w_gamma_in_registers_changes_no_output_bit(render_point, tmp_path, overrides):
+@pytest.mark.parametrize("knob, overrides", [(k, for_prep(o)) for k, o in SAME_BITS],
+                         ids=["w_gamma", "w_gamma_persistent", "w_gamma_ut_state_fp32", "t_bf16", "t_bf16_fp32_w_gamma",
+                              "t_bf16_cp_async_ut_state"])
+def test_new_ways_change_no_output_bit(render_point, tmp_path, knob, overrides):
     B, T, H, seed = 2, 129, 2, 7
     outputs = []
-    for way in ("tile", "fragments"):
-        cand, fam = render_point("two_pass", **overrides, w_gamma=way)
+    for way in WAYS[knob]:
+        cand, fam = render_point("two_pass", **overrides, **{knob: way})
         params = {**fam.defaults, **overrides}
         work = tmp_path / way
         exe = build(cand, work)

@@ -72,7 +72,7 @@ def test_defaults_unchanged():
                             "out_store": "inline", "prep_schedule": "grid", "segments": 1,
                             "diag_inverse": "in_blocks", "inverse_products": "tf32", "flush_denormals": 1,
                             "prep_order": "by_chunk_descending", "elementwise": "fp32", "ut_product": "prep",
-                            "row_norms": "tensor_cores", "walk_loads": "bulk", "w_gamma": "tile"}
+                            "row_norms": "tensor_cores", "walk_loads": "bulk", "w_gamma": "tile", "t_bf16": "converted"}
 
 
 # ---- the full and lean prep kernels, as the compiler sees them --------------------------
