@@ -113,6 +113,8 @@ class RemoteConfig(_Strict):
     max_queue: int = Field(2, ge=0)            # hold back GPU stages while the server queue is longer
     embedded_cpu_workers: int = Field(2, ge=1)
     transport_wait_s: float = Field(300, gt=0) # how long a stage waits for a restarting server
+    mixed_cards: bool = False                  # keep going when a bench runs on another kind of card than the
+                                               # population's (its speedups then do not compare: evolve/cards.py)
 
 
 class RunConfig(_Strict):

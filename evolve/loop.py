@@ -26,6 +26,7 @@ from kcoral import Client
 from pydantic import BaseModel, Field
 
 from evolve.breaker import FailureBreaker
+from evolve.cards import CardGuard, population_card
 from evolve.config import RunConfig
 from evolve.digest import SourcesChanged
 from evolve.events import EventHook, EventKind
@@ -197,6 +198,7 @@ class SearchLoop:
         self.events = events or EventHook(None)
         self.breaker = FailureBreaker(config.budget.max_same_failures)
         self.aborted: str | None = None
+        self.cards = CardGuard(None, config.remote.mixed_cards)   # the population's card, once the run knows it
         self._run_id: int | None = None
         self.client = client
         self.pop = pop
@@ -413,6 +415,7 @@ class SearchLoop:
                      tried={point_key(family, params) for family, params in self.pop.family_points(workload_id)})
         if self.join is not None:
             work.jobs.extend(self._reclaim(run_id, worker_id, work.usable))
+        self.cards = CardGuard(population_card(self.pop, workload_id), cfg.remote.mixed_cards)
         work.started = time.monotonic()
         work.deadline = self._deadline(work.started)
         return work
@@ -603,6 +606,10 @@ class SearchLoop:
                 stats.failures[outcome.failure_kind] += 1
             if decision is not None and decision.promoted:
                 stats.promotions += 1
+        mixed = self.cards.check(outcome.bench.metrics) if outcome.bench is not None else None
+        if mixed is not None:   # the bench stays recorded; no new work is started
+            self.stream.write(f"\nevolve: {mixed}\n")
+            self._trip(mixed)
         if outcome.passed:
             self.breaker.record_success()
         elif outcome.failure_kind == FailureKind.SCREENED:
