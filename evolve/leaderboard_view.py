@@ -28,6 +28,24 @@ def short_card(device: str | None) -> str:
     return device.removeprefix("NVIDIA ").strip() or device
 
 
+def on_card(rows: Sequence[LeaderboardRow], card: str) -> list[LeaderboardRow]:
+    """The rows whose bench ran on a card whose name holds `card` (any case; "H200" matches
+    "NVIDIA H200"), ranked again among themselves."""
+    want = card.casefold()
+    kept = [r for r in rows if r.device and want in r.device.casefold()]
+    return [r.model_copy(update={"rank": i}) for i, r in enumerate(kept, start=1)]
+
+
+def cards_note(rows: Sequence[LeaderboardRow]) -> str | None:
+    """A warning where the rows' benches ran on more than one kind of card."""
+    cards = sorted({r.device for r in rows if r.device})
+    if len(cards) < 2:
+        return None
+    names = ", ".join(short_card(c) for c in cards)
+    return (f"these benches ran on {len(cards)} kinds of card ({names}): speedups compare only within one "
+            f"(--card {short_card(cards[0]).split()[0]})")
+
+
 @dataclass(frozen=True)
 class Column:
     key: str                                  # the JSON key: a LeaderboardRow field or property

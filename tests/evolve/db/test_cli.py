@@ -215,3 +215,28 @@ def test_an_unreachable_database_server_is_one_line_without_the_password(tmp_pat
         assert r.returncode == 2, r.stderr
         assert "unreachable" in r.stderr and "127.0.0.1:9" in r.stderr and "s3cret" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_leaderboard_keeps_to_one_card_when_asked_and_warns_when_mixed(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    from evolve.population import StageResult
+
+    from .conftest import finish, make_candidate
+
+    db = open_database(f"sqlite:///{tmp_path / 'evolve.db'}")
+    pop = Population(db)
+    wid = pop.ensure_workload("forward_cpu_small", "kcoral/workloads/kda/forward_cpu_small")
+    ids = {}
+    for name, speedup, card in (("h200_a", 3.31, "NVIDIA H200"), ("h100", 3.20, "NVIDIA H100 80GB HBM3"),
+                                ("h200_b", 3.10, "NVIDIA H200")):
+        ids[name] = make_candidate(pop, wid, name)
+        finish(pop, ids[name], "bench", StageResult(status="passed", speedup=speedup, metrics={"device": card}))
+    db.close()
+    mixed = cli("leaderboard", "--json")
+    assert mixed.returncode == 0 and "2 kinds of card" in mixed.stderr and "H100 80GB HBM3" in mixed.stderr
+    assert len(json.loads(mixed.stdout)) == 3
+    h200 = cli("leaderboard", "--card", "h200", "--json")
+    rows = json.loads(h200.stdout)
+    assert [(r["candidate_id"], r["rank"]) for r in rows] == [(ids["h200_a"], 1), (ids["h200_b"], 2)]
+    assert "kinds of card" not in h200.stderr
+    one = cli("leaderboard", "--card", "H100", "--limit", "1")
+    assert one.returncode == 0 and "h100" in one.stdout and "h200" not in one.stdout
