@@ -11,7 +11,7 @@ import jinja2
 
 from evolve.db.models import utcnow
 from evolve.db.records import LeaderboardRow, Workload
-from evolve.leaderboard_view import COLUMNS, Column
+from evolve.leaderboard_view import COLUMNS, Column, cards_note
 from evolve.population import Population
 from evolve.report.candidates import CandidatePage, anchor, candidate_page
 from evolve.report.plots import StepPlot, step_plot
@@ -33,6 +33,7 @@ class ReportData:
     limit: int
     columns: tuple[Column, ...]
     leaderboard: list[LeaderboardRow]
+    cards_note: str | None                  # where the rows' benches ran on several kinds of card
     plots: list[StepPlot]
     failures: FailureTable
     timing: list[StageTiming]
@@ -75,7 +76,8 @@ def build_report(pop: Population, workload_id: int | None = None, *, limit: int 
     return ReportData(
         title=title, generated=now or utcnow(), workloads=workloads,
         candidate_count=len({e.candidate_id for e in evaluations}), evaluation_count=len(evaluations),
-        promotion_count=len(promotions), limit=limit, columns=COLUMNS, leaderboard=leaderboard, plots=plots,
+        promotion_count=len(promotions), limit=limit, columns=COLUMNS, leaderboard=leaderboard,
+        cards_note=cards_note(leaderboard), plots=plots,
         failures=failure_table(evaluations), timing=stage_timing(evaluations), runs=runs, pages=pages)
 
 

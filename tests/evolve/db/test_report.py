@@ -28,6 +28,21 @@ def test_report_has_the_table_plots_and_failures(pop: Population, workload: int)
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
 
 
+def test_a_leaderboard_of_two_cards_says_so(pop: Population, workload: int) -> None:
+    from evolve.population import StageResult
+
+    from .conftest import finish, make_candidate
+
+    populate(pop, workload)
+    assert 'class="warn"' not in render_report(pop, workload)   # no card recorded: nothing to say
+    for name, card in (("a", "NVIDIA H200"), ("b", "NVIDIA H100 80GB HBM3")):
+        finish(pop, make_candidate(pop, workload, name), "bench",
+               StageResult(status="passed", speedup=2.5, metrics={"device": card}))
+    page = render_report(pop, workload)
+    note = re.search(r'<p class="warn">(.*?)</p>', page, flags=re.S)
+    assert note is not None and "2 kinds of card" in note.group(1) and "H100 80GB HBM3" in note.group(1)
+
+
 def test_the_leaderboard_columns_are_the_texts(pop: Population, workload: int) -> None:
     """One column list: the HTML header is the COLUMNS' headers, in order, as the text table's."""
     from evolve.leaderboard_view import COLUMNS, format_table
