@@ -23,7 +23,7 @@ import math
 import operator
 import random
 from collections.abc import Callable, Iterable, Sequence
-from itertools import compress, islice, repeat
+from itertools import compress, repeat
 from typing import overload
 
 import numpy as np
@@ -43,27 +43,88 @@ WALK_LIMIT = 16_000_000      # ... when their product is small enough to walk: t
 POOL = 3000                  # random candidates scored per proposal
 OFFSPRING = 64               # evolution offspring added to them
 RERANK = 200                 # candidates by expected improvement that the failure model re-scores
+ROW_CACHE = 20_000           # point keys whose enumerated row a space remembers
 TRAIN_CAP = 300              # observations per fit: the best half, the rest drawn at random
 
 
 class _Space:
+    """A family's admitted points, enumerated once where the space is small enough, held as
+    one integer each (the parameters' value indices in mixed radix) beside the encoded matrix:
+    two_pass's 98,808 points as dicts and key tuples took 475 MB, as codes they take 1.6 MB."""
+
     def __init__(self, family: Family):
         self.family = family
         self.encoder = Encoder(family)
-        self.points: list[dict[str, Value]] | None = None
+        self.enumerated = False
         self.x: np.ndarray | None = None
+        self._names = list(family.parameters)
+        self._values = [family.parameters[n] for n in self._names]
+        self._index = [{_value_key(v): i for i, v in enumerate(vals)} for vals in self._values]
+        self._radix = np.cumprod([1] + [len(vals) for vals in self._values[:-1]], dtype=np.int64)
         # Enumerated, the candidates to score are drawn from the untried admitted points
         # directly. Otherwise each is a rejection sample, which in a space that admits 2 %
         # of its product (two_pass) cost seconds per proposal.
-        points = (list(islice(family.points(), ENUMERATE_LIMIT + 1))
-                  if family.size_upper_bound() <= WALK_LIMIT else [])
-        if 0 < len(points) <= ENUMERATE_LIMIT:
-            self.points = points
-            self.keys = [canonical_params(p) for p in self.points]
-            self.x = self.encoder.encode(self.points)
-            self.row = {k: i for i, k in enumerate(self.keys)}
-            self.open = np.ones(len(self.points), dtype=bool)   # not yet tried
-            self._marked: set = set()
+        if family.size_upper_bound() > WALK_LIMIT:
+            return
+        codes: list[int] = []
+        blocks: list[np.ndarray] = []
+        batch: list[dict[str, Value]] = []
+        for point in family.points():
+            if len(codes) == ENUMERATE_LIMIT:
+                return
+            codes.append(self.code(point))
+            batch.append(point)
+            if len(batch) == 4096:
+                blocks.append(self.encoder.encode(batch))
+                batch = []
+        if not codes:
+            return
+        blocks.append(self.encoder.encode(batch))
+        self.codes = np.asarray(codes, dtype=np.int64)   # row i: the i-th point of the walk
+        self._order = np.argsort(self.codes, kind="stable")
+        self._sorted = self.codes[self._order]
+        self.x = np.concatenate(blocks)
+        self.open = np.ones(len(codes), dtype=bool)    # not yet tried
+        self._marked: set = set()
+        self._rows: dict[tuple, int | None] = {}
+        self.enumerated = True
+
+    @property
+    def size(self) -> int:
+        return len(self.codes) if self.enumerated else 0
+
+    def code(self, params: dict[str, Value]) -> int:
+        return int(sum(int(r) * idx[_value_key(params[n])]
+                       for n, r, idx in zip(self._names, self._radix, self._index)))
+
+    def point(self, row: int) -> dict[str, Value]:
+        code = int(self.codes[row])
+        out = {}
+        for name, vals in zip(self._names, self._values):
+            code, i = divmod(code, len(vals))
+            out[name] = vals[i]
+        return out
+
+    def row(self, key: tuple) -> int | None:
+        """The row of a point given by its canonical key, None where the space lacks it. The
+        keys asked for are the population's (every proposal encodes its observations again),
+        so each is worked out once."""
+        if key in self._rows:
+            return self._rows[key]
+        params = dict((name, value) for name, (_, value) in key)
+        found = None
+        if len(params) == len(self._names):   # else a point of another version of the family
+            try:
+                code = self.code(params)
+            except (KeyError, TypeError):
+                code = None
+            if code is not None:
+                at = int(np.searchsorted(self._sorted, code))
+                found = int(self._order[at]) if at < len(self._sorted) and self._sorted[at] == code else None
+        if len(self._rows) >= ROW_CACHE:   # offspring keys come and go: start over rather than grow
+            self._rows.clear()
+        self._rows[key] = found
+        return found
 
     def untried(self, name: str, tried: set) -> np.ndarray:
         """Indices of the points not in `tried`, kept up to date incrementally (tried only
@@ -72,8 +133,8 @@ class _Space:
             self.open[:] = True
             self._marked = set()
         for key in tried - self._marked:
-            if key[0] == name and key[1] in self.row:
-                self.open[self.row[key[1]]] = False
+            if key[0] == name and (row := self.row(key[1])) is not None:
+                self.open[row] = False
         self._marked = set(tried)
         return np.flatnonzero(self.open)
 
@@ -81,7 +142,14 @@ class _Space:
         """Rows of the cached matrix where the space is enumerated (no Python loop per value)."""
         if self.x is None:
             return self.encoder.encode(points)
-        return self.x[[self.row[k] for k in (keys if keys is not None else map(canonical_params, points))]]
+        rows = [self.row(k) for k in (keys if keys is not None else map(canonical_params, points))]
+        if any(r is None for r in rows):   # not an admitted point of this space: encode it afresh
+            return self.encoder.encode(points)
+        return self.x[rows]
+
+
+def _value_key(value: Value) -> tuple:
+    return (type(value).__name__, value)
 
 
 class ModelStrategy:
@@ -231,13 +299,13 @@ class ModelStrategy:
             k = canonical_params(params)
             if (name, k) not in tried and space.family.admits(params):
                 children[k] = params
-        if space.points is not None and space.x is not None:   # encoded together
+        if space.enumerated and space.x is not None:   # encoded together
             untried = space.untried(name, tried).tolist()
             if len(untried) > POOL:
                 untried = rng.sample(untried, POOL)
-            rows = set(untried) | {space.row[k] for k in children}
+            rows = set(untried) | {r for k in children if (r := space.row(k)) is not None}
             idx = sorted(rows)
-            return [space.points[i] for i in idx], space.x[idx]
+            return [space.point(i) for i in idx], space.x[idx]
         out: dict[tuple, dict[str, Value]] = {}
         for _ in range(POOL):
             p = space.family.sample(rng)
@@ -278,7 +346,7 @@ class ModelStrategy:
     def _exhausted(self, tried: set) -> bool:
         for name in self.families:
             space = self._space(name)
-            if space.points is None or any((name, k) not in tried for k in space.keys):
+            if not space.enumerated or space.untried(name, tried).size:
                 return False
         return True
 

@@ -198,13 +198,17 @@ def test_the_model_scores_two_pass_from_its_admitted_points_not_rejection_sample
     """two_pass admits 2 % of its 500,000 combinations: drawing the model's candidates by
     rejection sampling cost seconds per proposal (search_overhead.py --family). The space is
     walked once instead, and each proposal is an untried admitted point."""
+    from evolve.families import canonical_params
     from evolve.strategies.model import ModelStrategy, _Space
 
     fam = load_family(NUMPY_FAMILY.parent / "two_pass")
     space = _Space(fam)
-    assert fam.size_upper_bound() > 50_000 and space.points is not None
-    assert len(space.points) == len(list(fam.points()))
-    points = list(space.points)
+    assert fam.size_upper_bound() > 50_000 and space.enumerated
+    walked = list(fam.points())
+    assert space.size == len(walked)
+    points = [space.point(i) for i in range(space.size)]
+    assert points == walked                                   # the codes give the points back
+    assert all(space.row(canonical_params(p)) == i for i, p in enumerate(points[:500]))
     random.Random(1).shuffle(points)
     correct = [Parent(id=i + 1, family="two_pass", params=points[i], speedup=1 + i / 10) for i in range(8)]
     seen = {point_key("two_pass", p.params) for p in correct} | {point_key("two_pass", fam.defaults)}
