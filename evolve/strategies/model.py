@@ -35,11 +35,11 @@ from evolve.strategies.base import (Failed, Parent, Proposal, SearchState, faste
 from evolve.strategies.evolution import EvolutionStrategy
 from evolve.strategies.surrogate import Encoder, GaussianProcess, expected_improvement, failure_probability
 
-ENUMERATE_LIMIT = 150_000    # spaces of up to this many admitted points are enumerated once (two_pass:
-                             # 98,808, 7 s and 520 MB of peak RSS on a 2-core VM) ...
-WALK_LIMIT = 16_000_000      # ... when their product is small enough to walk: two_pass 4.5 s at 7,962,624 (it
-                             # prunes early); a space pruned only at its last parameter 6.6 us a combination,
-                             # so under 2 minutes, once a run
+ENUMERATE_LIMIT = 400_000    # spaces of up to this many admitted points are enumerated once (two_pass:
+                             # 147,576 in 8.6 s and 139 MB of peak RSS on a 2-core VM) ...
+WALK_LIMIT = 32_000_000      # ... when their product is small enough to walk: two_pass's 11,943,936 (it prunes
+                             # early); a space pruned only at its last parameter 6.6 us a combination, so
+                             # under 4 minutes, once a run
 POOL = 3000                  # random candidates scored per proposal
 OFFSPRING = 64               # evolution offspring added to them
 RERANK = 200                 # candidates by expected improvement that the failure model re-scores

@@ -75,6 +75,12 @@ POINTS = [
     ({"t_bf16": "direct", "w_gamma": "fragments"}, 232),
     ({**NOT_BULK, "t_bf16": "direct", "ut_product": "state", "stages": 2}, 232),
     ({"t_bf16": "direct", "ut_product": "state", "stages": 2}, 232),
+    # the tensor-core norms from one ldmatrix pass (four accumulators more at the 80 cap)
+    ({"row_norms": "tensor_cores_once"}, 232),
+    ({"row_norms": "tensor_cores_once", "w_gamma": "fragments", "t_bf16": "direct"}, 232),
+    ({"row_norms": "tensor_cores_once", "prep_schedule": "persistent"}, 232),
+    ({"row_norms": "tensor_cores_once", "ut_product": "state", "stages": 2}, 232),
+    ({"row_norms": "tensor_cores_once", "inverse_products": "fp32", "flush_denormals": 0}, 232),
 ]
 POINTS = [(for_prep(o), bound) for o, bound in POINTS]
 # bytes of spill stores/loads the points above may have. Not every admitted point is free of
@@ -116,6 +122,7 @@ def test_family_loads_and_defaults_are_admitted():
     ({"ut_product": "state", "stages": 1, "prep_smem": "lean", **NOT_TILES}, "writes T"),
     ({"prep_smem": "lean", **NOT_TILES, "row_norms": "tensor_cores"}, "ways of the tiles prep"),
     ({"elementwise": "bf16x2", "prep_schedule": "persistent"}, "norms' fragments spill"),
+    ({"elementwise": "bf16x2", "prep_schedule": "persistent", "row_norms": "tensor_cores_once"}, "norms' fragments spill"),
     # bulk copies need the scratch in the ring's layout: written by the tiles prep, read by the wgmma walk, ut included
     ({"walk_loads": "bulk", "state_step": "warp_local", "stages": 2}, "ring's image"),
     ({"prep_smem": "lean", **NOT_TILES, "walk_loads": "bulk"}, "ring's image"),

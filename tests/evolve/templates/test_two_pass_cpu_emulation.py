@@ -12,7 +12,8 @@ against the float64 recurrence with the judge's bounds.
 
 It covers both state steps, both prep layouts and both ring depths, with the first
 design (`cta`, `full`, one slot) as a control, and checks that w's decay applied in
-registers (w_gamma) and T written in bf16 by the inverse (t_bf16) change no output bit. Every buffer carries a canary tail and the
+registers (w_gamma), T written in bf16 by the inverse (t_bf16) and the norms from one
+ldmatrix pass (row_norms) change no output bit. Every buffer carries a canary tail and the
 inputs are compared bit for bit afterwards: no kernel writes outside its outputs. It cannot check timing, memory-ordering
 races hidden by the cooperative schedule, or register limits (test_two_pass_compile.py).
 """
@@ -469,6 +470,9 @@ POINTS = [
     ({"t_bf16": "direct"}, ALL_T + [(2, 200, 1, "switch"), (1, 65, 2, "scored")]),
     ({"t_bf16": "direct", "inverse_products": "fp32", "w_gamma": "fragments"}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
     ({**NOT_BULK, "t_bf16": "direct", "ut_product": "state", "stages": 2}, [(1, 129, 1, "scored"), (2, 200, 1, "saturated")]),
+    # the tensor-core norms from one ldmatrix pass, beside the persistent prep's next-chunk loads
+    ({"row_norms": "tensor_cores_once", "w_gamma": "fragments", "t_bf16": "direct"}, ALL_T + [(2, 65, 1, "switch")]),
+    ({"row_norms": "tensor_cores_once", "prep_schedule": "persistent"}, [(2, 129, 2, "scored")]),
 ]
 POINTS = [(for_prep(o), cases) for o, cases in POINTS]
 IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_vb64_s1", "warp_local_vb64_s2",
@@ -480,7 +484,8 @@ IDS = ["cta_full_s1", "warp_local_vb128_s2", "warp_local_vb128_s1", "warp_local_
        "bulk_s3", "bulk_s2_deferred", "bulk_vb64_s1", "cp_async_segments_4", "bulk_persistent", "bulk_bf16x2",
        "bulk_ut_state", "bulk_ut_state_vb64_deferred", "bulk_ut_state_segments_4",
        "w_gamma_fragments", "w_gamma_fragments_persistent", "w_gamma_fragments_ut_state",
-       "t_bf16_direct", "t_bf16_direct_fp32_w_gamma", "t_bf16_direct_cp_async_ut_state"]
+       "t_bf16_direct", "t_bf16_direct_fp32_w_gamma", "t_bf16_direct_cp_async_ut_state",
+       "norms_once_w_gamma_t_bf16", "norms_once_persistent"]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS, ids=IDS)
@@ -501,13 +506,15 @@ def test_kernel_sources_on_cpu(render_point, tmp_path, overrides, cases):
 SAME_BITS = [("w_gamma", {}), ("w_gamma", {"prep_schedule": "persistent"}),
              ("w_gamma", {"ut_product": "state", "stages": 2, "inverse_products": "fp32"}),
              ("t_bf16", {}), ("t_bf16", {"inverse_products": "fp32", "w_gamma": "fragments"}),
-             ("t_bf16", {**NOT_BULK, "ut_product": "state", "stages": 2})]
-WAYS = {"w_gamma": ("tile", "fragments"), "t_bf16": ("converted", "direct")}
+             ("t_bf16", {**NOT_BULK, "ut_product": "state", "stages": 2}),
+             ("row_norms", {}), ("row_norms", {"prep_schedule": "persistent"})]
+WAYS = {"w_gamma": ("tile", "fragments"), "t_bf16": ("converted", "direct"),
+        "row_norms": ("tensor_cores", "tensor_cores_once")}
 
 
 @pytest.mark.parametrize("knob, overrides", [(k, for_prep(o)) for k, o in SAME_BITS],
                          ids=["w_gamma", "w_gamma_persistent", "w_gamma_ut_state_fp32", "t_bf16", "t_bf16_fp32_w_gamma",
-                              "t_bf16_cp_async_ut_state"])
+                              "t_bf16_cp_async_ut_state", "norms_once", "norms_once_persistent"])
 def test_new_ways_change_no_output_bit(render_point, tmp_path, knob, overrides):
     B, T, H, seed = 2, 129, 2, 7
     outputs = []

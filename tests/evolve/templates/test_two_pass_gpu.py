@@ -71,13 +71,15 @@ def _host(data, name):
     {"t_bf16": "direct"},   # T written in bf16 by the inverse itself
     {"t_bf16": "direct", "w_gamma": "fragments", "inverse_products": "fp32"},
     {**NOT_BULK, "t_bf16": "direct", "ut_product": "state", "stages": 2},
+    {"row_norms": "tensor_cores_once", "w_gamma": "fragments", "t_bf16": "direct"},   # the norms from one ldmatrix pass
 ], ids=["defaults", "cta_full_s1", "cta_vb64", "wl_full", "wl_vb64_s1", "cta_lean", "wl_lean", "wl_uo1", "warp_local",
         "cp_async_s3", "cp_async_s2", "wgmma_s1_lean", "persistent_prep", "segments_4", "diag_after_blocks",
         "inverse_fp32", "diag_after_blocks_fp32", "exact_denormals", "by_head", "by_chunk", "by_head_segments",
         "elementwise_bf16x2", "norms_cuda_cores", "persistent_bf16x2",
         "ut_state_cp_async", "ut_state_deferred", "ut_state_segments_4", "bulk_s3", "bulk_vb64_s1", "bulk_s2_deferred_segments",
         "bulk_ut_state", "bulk_ut_state_vb64_segments", "w_gamma_fragments", "w_gamma_persistent",
-        "w_gamma_ut_state", "t_bf16_direct", "t_bf16_w_gamma_fp32", "t_bf16_cp_async_ut_state"])
+        "w_gamma_ut_state", "t_bf16_direct", "t_bf16_w_gamma_fp32", "t_bf16_cp_async_ut_state",
+        "norms_once_w_gamma_t_bf16"])
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 200), (2, 33)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
     cand, _ = render_point("two_pass", **for_prep(overrides))
