@@ -143,9 +143,10 @@ class _Space:
         if self.x is None:
             return self.encoder.encode(points)
         rows = [self.row(k) for k in (keys if keys is not None else map(canonical_params, points))]
-        if any(r is None for r in rows):   # not an admitted point of this space: encode it afresh
+        found = [r for r in rows if r is not None]
+        if len(found) < len(rows):   # not an admitted point of this space: encode it afresh
             return self.encoder.encode(points)
-        return self.x[rows]
+        return self.x[found]
 
 
 def _value_key(value: Value) -> tuple:
