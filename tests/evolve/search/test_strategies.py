@@ -194,6 +194,27 @@ def test_model_with_a_family_known_by_one_candidate_and_a_failure():
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("family", ["numpy_chunked", "fused"])
+def test_a_space_held_as_codes_gives_back_every_point_and_refuses_strangers(family):
+    """Each admitted point is one integer in the model's space: decoding gives the walk's
+    point, and a key finds its own row and no other; a point the space lacks (a value the
+    family does not list, a parameter too many or too few) has no row."""
+    from evolve.families import canonical_params
+    from evolve.strategies.model import _Space
+
+    fam = load_family(NUMPY_FAMILY.parent / family)
+    space = _Space(fam)
+    walked = list(fam.points())
+    assert space.enumerated and space.size == len(walked)
+    assert [space.point(i) for i in range(space.size)] == walked
+    assert [space.row(canonical_params(p)) for p in walked] == list(range(len(walked)))
+    p = dict(walked[-1])
+    name = next(iter(p))
+    assert space.row(canonical_params({**p, name: "no such value"})) is None
+    assert space.row(canonical_params({**p, "no_such_parameter": 1})) is None
+    assert space.row(canonical_params({k: v for k, v in p.items() if k != name})) is None
+
+
 def test_the_model_scores_two_pass_from_its_admitted_points_not_rejection_samples():
     """two_pass admits 2 % of its 500,000 combinations: drawing the model's candidates by
     rejection sampling cost seconds per proposal (search_overhead.py --family). The space is
