@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from pydantic import ValidationError  # noqa: E402
 
+from evolve.cards import bench_card  # noqa: E402
 from evolve.replay.recorded import RecordedPoint, append_points  # noqa: E402
 
 DEFAULT_FILE = REPO / "benchmarks" / "landscapes" / "h200-points.csv"
@@ -40,8 +41,8 @@ def from_db(url: str, workload: str | None, commit: str, source: str,
         latest = {}
         other: dict[str, int] = {}
         for ev in pop.evaluations_of(wid, stage="bench"):
-            card = (ev.metrics or {}).get("device")
-            if isinstance(card, str) and device.lower() not in card.lower():
+            card = bench_card(ev.metrics)
+            if card is not None and device.lower() not in card.lower():
                 other[card] = other.get(card, 0) + 1
                 continue
             if ev.status in ("passed", "failed"):

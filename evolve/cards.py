@@ -9,9 +9,10 @@ goes wrong is quieter, which is why a run stops at the first bench on another ca
 it is told that mixing is meant (`remote.mixed_cards`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from evolve.population import Population
+if TYPE_CHECKING:   # the leaderboard reads bench_card, and the population imports the leaderboard
+    from evolve.population import Population
 
 
 def bench_card(metrics: Any) -> str | None:

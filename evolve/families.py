@@ -356,6 +356,11 @@ def load_family(directory: str | Path) -> Family:
     return Family(load_toml_model(path, FamilySpec, FamilyError), directory.resolve())
 
 
+def value_key(value: Any) -> tuple[str, Any]:
+    """A parameter value as a key that tells 1 from True and 1.0."""
+    return (type(value).__name__, value)
+
+
 def canonical_params(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """A hashable, order-free key of a parameter point."""
-    return tuple(sorted((k, (type(v).__name__, v)) for k, v in params.items()))
+    return tuple(sorted((k, value_key(v)) for k, v in params.items()))

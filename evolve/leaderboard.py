@@ -12,6 +12,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from evolve.cards import bench_card
 from evolve.db.models import CandidateModel, EvaluationModel, PromotionModel
 from evolve.db.records import LeaderboardRow
 from evolve.vocabulary import EvaluationStatus, Stage
@@ -68,8 +69,7 @@ def leaderboard_rows(session: Session, *, workload_id: int | None = None, limit:
         if ev.candidate_id in bench:
             continue
         bench[ev.candidate_id] = (ev.id, ev.ms, ev.baseline_ms, ev.spread, ev.excessive_sectors)
-        card = ev.metrics.get("device") if isinstance(ev.metrics, dict) else None
-        if isinstance(card, str) and card:
+        if (card := bench_card(ev.metrics)) is not None:
             cards[ev.candidate_id] = card
 
     # Excessive sectors: from the bench row if it has them, else the latest passed profile.

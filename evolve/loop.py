@@ -415,7 +415,7 @@ class SearchLoop:
                      tried={point_key(family, params) for family, params in self.pop.family_points(workload_id)})
         if self.join is not None:
             work.jobs.extend(self._reclaim(run_id, worker_id, work.usable))
-        self.cards = CardGuard(population_card(self.pop, workload_id), cfg.remote.mixed_cards)
+        self.cards.card = population_card(self.pop, workload_id)
         work.started = time.monotonic()
         work.deadline = self._deadline(work.started)
         return work

@@ -29,7 +29,7 @@ from typing import overload
 import numpy as np
 
 from evolve.config import StrategyConfig
-from evolve.families import Family, Value, canonical_params
+from evolve.families import Family, Value, canonical_params, value_key
 from evolve.strategies.base import (Failed, Parent, Proposal, SearchState, fastest_first, fresh_immigrant,
                                    point_key, untried_seed)
 from evolve.strategies.evolution import EvolutionStrategy
@@ -55,11 +55,10 @@ class _Space:
     def __init__(self, family: Family):
         self.family = family
         self.encoder = Encoder(family)
-        self.enumerated = False
-        self.x: np.ndarray | None = None
+        self.x: np.ndarray | None = None   # set where the space is enumerated
         self._names = list(family.parameters)
         self._values = [family.parameters[n] for n in self._names]
-        self._index = [{_value_key(v): i for i, v in enumerate(vals)} for vals in self._values]
+        self._index = [{value_key(v): i for i, v in enumerate(vals)} for vals in self._values]
         self._radix = np.cumprod([1] + [len(vals) for vals in self._values[:-1]], dtype=np.int64)
         # Enumerated, the candidates to score are drawn from the untried admitted points
         # directly. Otherwise each is a rejection sample, which in a space that admits 2 %
@@ -87,14 +86,17 @@ class _Space:
         self.open = np.ones(len(codes), dtype=bool)    # not yet tried
         self._marked: set = set()
         self._rows: dict[tuple, int | None] = {}
-        self.enumerated = True
+
+    @property
+    def enumerated(self) -> bool:
+        return self.x is not None
 
     @property
     def size(self) -> int:
         return len(self.codes) if self.enumerated else 0
 
     def code(self, params: dict[str, Value]) -> int:
-        return int(sum(int(r) * idx[_value_key(params[n])]
+        return int(sum(int(r) * idx[value_key(params[n])]
                        for n, r, idx in zip(self._names, self._radix, self._index)))
 
     def point(self, row: int) -> dict[str, Value]:
@@ -111,20 +113,21 @@ class _Space:
         so each is worked out once."""
         if key in self._rows:
             return self._rows[key]
-        params = dict((name, value) for name, (_, value) in key)
-        found = None
-        if len(params) == len(self._names):   # else a point of another version of the family
-            try:
-                code = self.code(params)
-            except (KeyError, TypeError):
-                code = None
-            if code is not None:
-                at = int(np.searchsorted(self._sorted, code))
-                found = int(self._order[at]) if at < len(self._sorted) and self._sorted[at] == code else None
+        found = self._find(dict((name, value) for name, (_, value) in key))
         if len(self._rows) >= ROW_CACHE:   # offspring keys come and go: start over rather than grow
             self._rows.clear()
         self._rows[key] = found
         return found
+
+    def _find(self, params: dict[str, Value]) -> int | None:
+        if len(params) != len(self._names):   # a point of another version of the family
+            return None
+        try:
+            code = self.code(params)
+        except (KeyError, TypeError):         # a value the family does not list
+            return None
+        at = int(np.searchsorted(self._sorted, code))
+        return int(self._order[at]) if at < len(self._sorted) and self._sorted[at] == code else None
 
     def untried(self, name: str, tried: set) -> np.ndarray:
         """Indices of the points not in `tried`, kept up to date incrementally (tried only
@@ -147,10 +150,6 @@ class _Space:
         if len(found) < len(rows):   # not an admitted point of this space: encode it afresh
             return self.encoder.encode(points)
         return self.x[found]
-
-
-def _value_key(value: Value) -> tuple:
-    return (type(value).__name__, value)
 
 
 class ModelStrategy:
@@ -300,7 +299,7 @@ class ModelStrategy:
             k = canonical_params(params)
             if (name, k) not in tried and space.family.admits(params):
                 children[k] = params
-        if space.enumerated and space.x is not None:   # encoded together
+        if space.x is not None:   # enumerated: the candidates and their encoding together
             untried = space.untried(name, tried).tolist()
             if len(untried) > POOL:
                 untried = rng.sample(untried, POOL)

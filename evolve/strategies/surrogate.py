@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from evolve.families import Family, Value
+from evolve.families import Family, Value, value_key
 
 LENGTH_SCALES = (0.08, 0.15, 0.3, 0.6, 1.2)   # in units of sqrt(dimensions)
 NOISE = 1e-3                                   # of the standardised variance: timings are nearly exact
@@ -35,10 +35,10 @@ class Encoder:
                 continue
             if _numeric(values):
                 ordered = sorted(values)
-                self.columns.append((name, {_k(v): (width, i / (len(ordered) - 1)) for i, v in enumerate(ordered)}))
+                self.columns.append((name, {value_key(v): (width, i / (len(ordered) - 1)) for i, v in enumerate(ordered)}))
                 width += 1
             else:
-                self.columns.append((name, {_k(v): (width + i, math.sqrt(0.5)) for i, v in enumerate(values)}))
+                self.columns.append((name, {value_key(v): (width + i, math.sqrt(0.5)) for i, v in enumerate(values)}))
                 width += len(values)
         self.width = max(width, 1)
 
@@ -46,13 +46,9 @@ class Encoder:
         x = np.zeros((len(points), self.width))
         for row, point in enumerate(points):
             for name, table in self.columns:
-                col, value = table[_k(point[name])]
+                col, value = table[value_key(point[name])]
                 x[row, col] = value
         return x
-
-
-def _k(v: Value) -> tuple:
-    return (type(v).__name__, v)
 
 
 def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
