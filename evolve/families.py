@@ -50,6 +50,9 @@ class FamilySpec(BaseModel):
     description: str = ""
     render: list[str] = Field(default_factory=list)
     copy_files: list[str] = Field(default_factory=list, alias="copy")
+    # Folders (relative to the family's) where its templates' {% include %} also look, after
+    # its own: a family built from another's parts includes them instead of copying them.
+    include_dirs: list[str] = Field(default_factory=list)
     cuda_sources: list[str] = Field(default_factory=list)
     kernels: list[str] = Field(default_factory=list)
     # Extra nvcc flags for the check stage's compile (e.g. "-std=c++17"); optional.
@@ -142,6 +145,9 @@ class Family:
         for rel in self.spec.copy_files:
             if not (self.directory / rel).is_file():
                 raise FamilyError(f"family {self.name!r}: copied file {rel!r} not found")
+        for rel in self.spec.include_dirs:
+            if not (self.directory / rel).is_dir():
+                raise FamilyError(f"family {self.name!r}: include folder {rel!r} not found")
         outputs = set(self.output_names())
         if len(outputs) != len(self.spec.render) + len(self.spec.copy_files):
             raise FamilyError(f"family {self.name!r}: two rendered or copied files share an output name")

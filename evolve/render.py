@@ -29,10 +29,11 @@ class RenderError(RuntimeError):
 
 
 @functools.lru_cache(maxsize=64)
-def _environment(directory: Path) -> jinja2.Environment:
-    # One environment per family folder: Jinja caches compiled templates inside it.
+def _environment(directory: Path, include_dirs: tuple[str, ...] = ()) -> jinja2.Environment:
+    # One environment per family folder: Jinja caches compiled templates inside it. Its own
+    # folder first, then the folders its includes may also come from.
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(directory)),
+        loader=jinja2.FileSystemLoader([str(directory), *(str((directory / d).resolve()) for d in include_dirs)]),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -44,7 +45,7 @@ def render_sources(family: Family, params: Mapping[str, Any], suffix: str = "") 
     the rendered files whose names end with it (the copied ones are never rendered)."""
     point = family.validate(params)
     variables: dict[str, Any] = {**family.environment(point), "params": dict(point), "family_name": family.name}
-    env = _environment(family.directory)
+    env = _environment(family.directory, tuple(family.spec.include_dirs))
     files: dict[str, bytes] = {}
     for rel in family.spec.render:
         if not rel.removesuffix(".j2").endswith(suffix):
