@@ -106,3 +106,33 @@ def test_full_and_lean_prep_kernels_unchanged():
         key = (point["prep_smem"], point["chunk"])
         seen.setdefault(key, set()).add(hashlib.sha256(_normalised(cuda).encode()).hexdigest())
     assert {key: sorted(d) for key, d in seen.items()} == {key: [d] for key, d in PREP_BEFORE.items()}
+
+
+# ---- the tiles prep and the wgmma walk, since the fused_tiles family includes them -------
+# sha256 over the compiled CUDA files, recorded before the two templates took the hooks that
+# let fused_tiles include them (a ring slot as the prep's output, the chunk step in a file of
+# its own, the two kernels left out): two_pass's points must render as they did.
+INCLUDED_BEFORE = {
+    "defaults": ({}, "6a6945cfc7af576d1870b145ab1c34c723fcc75c025fc28aba9c725bd70314f1"),
+    "cp_async_s3": ({"walk_loads": "cp_async", "stages": 3},
+                    "b8ba824bd6f2b56d3bde3ee03db976a3d0a78f43c9144e70fe27a5a2b6b7f78f"),
+    "ut_state_bulk": ({"ut_product": "state", "stages": 2},
+                      "edf2c8b883665da658b6424d9cd611dbe221e115498ce2209c1c512f2c6ab635"),
+    "deferred_fragments_direct_once": ({"out_store": "deferred", "w_gamma": "fragments", "t_bf16": "direct",
+                                        "row_norms": "tensor_cores_once"},
+                                       "1174c63e5c5f9bdc24a4cf3c31a14de2357655cc32a6251758b20a6882d6fefb"),
+    "persistent": ({"prep_schedule": "persistent", "prep_order": "by_head"},
+                   "2e6e27c42a67373943278c7b84dac24dfc546da8eca7f8d72dc7a80427caf558"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INCLUDED_BEFORE))
+def test_points_of_the_included_templates_render_unchanged(name):
+    from evolve.families import load_family
+    from evolve.render import render_sources
+
+    fam = load_family(TEMPLATES / "two_pass")
+    overrides, digest = INCLUDED_BEFORE[name]
+    params = {**fam.defaults, **overrides}
+    assert fam.check(params) == []
+    assert _digest(_compiled_cuda(render_sources(fam, params))) == digest
