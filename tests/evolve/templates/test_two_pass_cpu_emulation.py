@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from .conftest import NOT_BULK, for_prep
-from .test_fused_cpu_emulation import (DRIVER, GXX, PRELUDE, PRIMITIVES, _bits, _strip_functions, check_case,
+from .test_fused_cpu_emulation import (DRIVER, GXX, GXX_FLAGS, PRELUDE, PRIMITIVES, _bits, _strip_functions, check_case,
                                        write_case)
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
@@ -322,8 +322,8 @@ int main(int argc, char** argv) {
 """
 
 
-def build(cand: Path, work: Path) -> Path:
-    """The CPU build of a rendered two_pass candidate (both kernels); returns the executable."""
+def write_cpu_headers(cand: Path, work: Path) -> None:
+    """The candidate's headers with their PTX primitives replaced by CPU versions, in `work`."""
     work.mkdir(parents=True, exist_ok=True)
     tiles = _strip_functions((cand / "kda_tiles.cuh").read_text(),
                              ["pack_bf16x2", "cp_async16", "cp_async_commit", "cp_async_wait",
@@ -335,10 +335,6 @@ def build(cand: Path, work: Path) -> Path:
                               "wgmma_64x64_rs", "wgmma_64x128_rs_bt", "stsm_x4_trans"])
     assert "asm" not in re.sub(r"//.*", "", wgmma), "a PTX primitive was left in kda_wgmma.cuh"
     (work / "kda_wgmma.cuh").write_text(wgmma)
-    for src in ("kda_prep.cu", "kda_state.cu"):
-        text = (cand / src).read_text()
-        assert "asm" not in text, f"{src}: a PTX primitive outside the headers"
-        shutil.copy(cand / src, work / src)
     (work / "kda_tiles.cuh").write_text(tiles)
     tf32 = _strip_functions((cand / "kda_mma_tf32.cuh").read_text(), ["mma_tf32"])
     assert "asm" not in re.sub(r"//.*", "", tf32), "a PTX primitive was left in kda_mma_tf32.cuh"
@@ -357,6 +353,15 @@ def build(cand: Path, work: Path) -> Path:
     assert "asm" not in re.sub(r"//.*", "", k8), "a PTX primitive was left in kda_mma_k8.cuh"
     (work / "kda_mma_k8.cuh").write_text(k8)
     shutil.copy(cand / "iket.cuh", work / "iket.cuh")
+
+
+def build(cand: Path, work: Path) -> Path:
+    """The CPU build of a rendered two_pass candidate (both kernels); returns the executable."""
+    write_cpu_headers(cand, work)
+    for src in ("kda_prep.cu", "kda_state.cu"):
+        text = (cand / src).read_text()
+        assert "asm" not in text, f"{src}: a PTX primitive outside the headers"
+        shutil.copy(cand / src, work / src)
     # The persistent prep takes NC and B and runs on a few CTAs that loop over the chunks
     # (three here: each takes several chunks, so both tile pairs and the hand-over are used);
     # the grid tiles prep takes the first chunk of its launch and NC, the wgmma state walk
@@ -382,7 +387,7 @@ def build(cand: Path, work: Path) -> Path:
                else "#define STATE_V_ARG\n")
     (work / "harness.cpp").write_text("#include <set>\n" + launch + HARNESS)
     exe = work / "kda_two_pass_cpu"
-    res = subprocess.run([GXX, "-std=c++17", "-O1", "-fno-strict-aliasing", "-w", "-o", str(exe),
+    res = subprocess.run([GXX, *GXX_FLAGS, "-o", str(exe),
                           str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
     assert res.returncode == 0, res.stderr[-4000:]
     return exe
