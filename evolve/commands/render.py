@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("render", help="render one point of a family into a folder (to read or bench by hand)",
                               description="Render one point of a family (its defaults, with the values given) into "
                                           "OUT/<digest>/, the folder a search would make of it. Nothing enters a database.")
-    p.add_argument("family", help="a built-in family's name (two_pass, fused, numpy_chunked) or a family's folder")
+    p.add_argument("family", help="a built-in family's name (two_pass, fused_tiles, fused, numpy_chunked) or a family's folder")
     p.add_argument("values", nargs="*", metavar="NAME=VALUE", help="parameters that differ from the family's defaults")
     p.add_argument("--out", default="gen/render", help="folder to render into, as <out>/<digest>/ (default gen/render)")
     add_json_flag(p)

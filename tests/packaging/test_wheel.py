@@ -50,7 +50,16 @@ def test_the_installed_packages_are_the_wheels(installed: Path, tmp_path: Path) 
     files, names = r.stdout.splitlines()
     assert all(f.startswith(str(installed)) for f in files.split()), files
     assert names == ("['forward_b1_t8192_h96', 'forward_cpu_small'] ['kda-cpu-small', 'kda-h200'] "
-                     "['fused', 'numpy_chunked', 'two_pass']")
+                     "['fused', 'fused_tiles', 'numpy_chunked', 'two_pass']")
+
+
+def test_a_family_renders_what_it_includes_from_the_wheel(installed: Path, tmp_path: Path) -> None:
+    """fused_tiles includes two_pass's templates (its include_dirs): they ship, and resolve there."""
+    r = subprocess.run([sys.executable, "-m", "evolve.cli", "render", "fused_tiles", "--out", str(tmp_path / "r"),
+                        "--json"], capture_output=True, text=True, cwd=tmp_path, env=_env(installed), timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    cu = next((tmp_path / "r").rglob("kda_fused_tiles.cu")).read_text()
+    assert "prep_chunk(" in cu and "kda_fused_kernel" in cu and "kda_state_kernel" not in cu
 
 
 @pytest.mark.slow

@@ -25,13 +25,13 @@ def test_shipped_cpu_config_loads(tmp_path, monkeypatch):
 def test_shipped_h200_config_loads():
     cfg = load_config("kda-h200")
     assert cfg.enabled_stages() == ["check", "gputest", "iket", "ncu", "bench"]
-    assert [f.name for f in cfg.families] == ["two_pass", "fused"]
+    assert [f.name for f in cfg.families] == ["two_pass", "fused_tiles", "fused"]
     assert cfg.promotion.confirm_runs == 2
     try:
         families = cfg.load_families()
     except FamilyError as exc:   # a family still being written
         pytest.skip(str(exc))
-    assert set(families) == {"two_pass", "fused"}
+    assert set(families) == {"two_pass", "fused_tiles", "fused"}
 
 
 def _write(tmp_path, body: str):

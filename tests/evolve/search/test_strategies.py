@@ -194,7 +194,7 @@ def test_model_with_a_family_known_by_one_candidate_and_a_failure():
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("family", ["numpy_chunked", "fused"])
+@pytest.mark.parametrize("family", ["numpy_chunked", "fused", "fused_tiles"])
 def test_a_space_held_as_codes_gives_back_every_point_and_refuses_strangers(family):
     """Each admitted point is one integer in the model's space: decoding gives the walk's
     point, and a key finds its own row and no other; a point the space lacks (a value the

@@ -61,7 +61,7 @@ def _call_after_taking_the_pool(cand):
     return overwritten, fillers, changed, differ
 
 
-@pytest.mark.parametrize("family", ["two_pass", "fused"])
+@pytest.mark.parametrize("family", ["two_pass", "fused_tiles", "fused"])
 def test_setup_allocations_outlive_setup(render_point, family):
     cand, _ = render_point(family)
     overwritten, fillers, changed, differ = _call_after_taking_the_pool(cand)

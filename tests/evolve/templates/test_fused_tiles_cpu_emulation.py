@@ -1,0 +1,192 @@
+"""Run the rendered fused_tiles kernel on the CPU, thread by thread.
+
+Same method as the two_pass emulation (whose CPU primitives it reuses): the real
+`kda_fused_tiles.cu` is compiled with g++, with only ldmatrix, mma, wgmma, cp.async, bf16
+packing, named barriers and setmaxnreg replaced by CPU versions of their PTX semantics. Each
+of the 512 CUDA threads is a fiber and warps drift at random, one far behind, so the prep's
+warps run ahead of the walk's or fall behind it; shared memory starts as NaN, the outputs are
+NaN-poisoned, every buffer has a canary tail and the inputs must come back bit for bit. A
+slot refilled before the walk is done with it, or read before the prep has filled it, shows
+up as a wrong result; a barrier left with arrivals or a deadlock fails the run. The result is
+checked against the float64 recurrence with the judge's bounds, and against the two_pass
+point with the same prep ways bit for bit: the same sources, handed over in shared memory
+instead of global memory, must compute the same bits. It cannot check timing, races the
+cooperative schedule hides, or register limits (test_fused_tiles_compile.py).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .test_fused_cpu_emulation import DRIVER, GXX, GXX_FLAGS, _bits, _strip_functions, check_case, write_case
+from .test_two_pass_cpu_emulation import build as build_two_pass
+from .test_two_pass_cpu_emulation import write_cpu_headers
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
+K = 128
+
+# kda_roles.cuh and kda_prefetch.cuh: which registers a role holds, and what L2 holds, are no
+# matter to a CPU
+ROLES = r"""
+#pragma once
+template <int REGS> __device__ __forceinline__ void registers_release() {}
+template <int REGS> __device__ __forceinline__ void registers_claim() {}
+"""
+PREFETCH = r"""
+#pragma once
+__device__ __forceinline__ void prefetch_l2(const void*) {}
+"""
+
+HARNESS = r"""
+#include "kda_fused_tiles.cu"
+#include <vector>
+alignas(1024) unsigned char smem[fused::SMEM_BYTES];
+constexpr int K = 128;
+""" + DRIVER + r"""
+int main(int argc, char** argv) {
+    const char* dir = argv[1];
+    const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
+    const unsigned seed = (unsigned)std::atoi(argv[5]);
+    if (argc > 7) { g_laggard = std::atoi(argv[6]); g_lag_period = std::atoi(argv[7]); }
+    const size_t ntok = (size_t)B * T * H;
+    auto q = load<bf16_t>(dir, "q.bin", ntok * K), k = load<bf16_t>(dir, "k.bin", ntok * K);
+    auto v = load<bf16_t>(dir, "v.bin", ntok * K), g = load<bf16_t>(dir, "g.bin", ntok * K);
+    auto beta = load<bf16_t>(dir, "beta.bin", ntok);
+    auto alog = load<float>(dir, "A_log.bin", H), dt = load<float>(dir, "dt_bias.bin", (size_t)H * K);
+    auto init = load<float>(dir, "init.bin", (size_t)B * H * K * K);
+    std::vector<bf16_t> out(ntok * K, 0x7fc0);             // NaN-poisoned
+    std::vector<float> fin((size_t)B * H * K * K, NAN);
+    const auto q0 = q, k0 = k, v0 = v, g0 = g, beta0 = beta;
+    const auto alog0 = alog, dt0 = dt, init0 = init;
+    const size_t nq = guard(q), nk = guard(k), nv = guard(v), ng = guard(g), nbeta = guard(beta);
+    const size_t nalog = guard(alog), ndt = guard(dt), ninit = guard(init), nout = guard(out), nfin = guard(fin);
+    const float scale = 1.f / std::sqrt((float)K);
+    std::mt19937 rng(seed);
+    g_body = [&] {
+        kda_fused_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), init.data(),
+                         out.data(), fin.data(), T, H, scale);
+    };
+    g_wg_smem = smem;
+    g_wg_smem_bytes = sizeof smem;
+    int rc = run_grid({(unsigned)H, (unsigned)B, 1u}, fused::NTH, smem, sizeof smem, rng);
+    if (rc) return rc;
+    bool intact = guard_intact(q, nq, "q") & guard_intact(k, nk, "k") & guard_intact(v, nv, "v")
+        & guard_intact(g, ng, "g") & guard_intact(beta, nbeta, "beta") & guard_intact(alog, nalog, "A_log")
+        & guard_intact(dt, ndt, "dt_bias") & guard_intact(init, ninit, "initial_state")
+        & guard_intact(out, nout, "output") & guard_intact(fin, nfin, "final_state");
+    if (!intact) return 6;
+    q.resize(nq); k.resize(nk); v.resize(nv); g.resize(ng); beta.resize(nbeta);
+    alog.resize(nalog); dt.resize(ndt); init.resize(ninit);
+    if (!(q == q0 && k == k0 && v == v0 && g == g0 && beta == beta0 && alog == alog0 && dt == dt0 && init == init0)) {
+        std::fprintf(stderr, "the kernel changed its inputs\n");
+        return 7;
+    }
+    out.resize(nout); fin.resize(nfin);
+    save(dir, "out.bin", out);
+    save(dir, "final.bin", fin);
+    return 0;
+}
+"""
+
+
+def build(cand: Path, work: Path) -> Path:
+    """The CPU build of a rendered fused_tiles candidate; returns the executable."""
+    write_cpu_headers(cand, work)
+    warpspec = _strip_functions((cand / "kda_warpspec.cuh").read_text(),
+                                ["named_bar_sync", "named_bar_arrive", "opaque_ptr", "opaque_int"])
+    roles = (cand / "kda_roles.cuh").read_text()
+    assert "asm" not in re.sub(r"//.*", "", warpspec), "a PTX primitive was left in kda_warpspec.cuh"
+    assert "registers_release" in roles and "registers_claim" in roles
+    (work / "kda_warpspec.cuh").write_text(warpspec)
+    (work / "kda_roles.cuh").write_text(ROLES)
+    assert "prefetch_l2" in (cand / "kda_prefetch.cuh").read_text()
+    (work / "kda_prefetch.cuh").write_text(PREFETCH)
+    text = (cand / "kda_fused_tiles.cu").read_text()
+    assert "asm" not in re.sub(r"//.*", "", text), "a PTX primitive outside the headers"
+    shutil.copy(cand / "kda_fused_tiles.cu", work / "kda_fused_tiles.cu")
+    (work / "harness.cpp").write_text(HARNESS)
+    exe = work / "kda_fused_tiles_cpu"
+    res = subprocess.run([GXX, *GXX_FLAGS, "-o", str(exe),
+                          str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return exe
+
+
+def run(exe: Path, work: Path, B, T, H, seed, lag: tuple[int, int] | None = None) -> None:
+    """One case; `lag` = (warp, period) pins the lagging warp (else one drawn per CTA)."""
+    res = subprocess.run([str(exe), str(work), str(B), str(T), str(H), str(seed), *map(str, lag or ())],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, f"rc={res.returncode}: {res.stderr[-2000:]}"
+
+
+# T = 1 (one chunk, cut short), 65 and 129 (two and three slots' worth, so each slot is
+# refilled), the gate at its -5 floor, two batches, two heads
+CASES = [(1, 1, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "saturated"), (2, 70, 2, "switch")]
+POINTS = [
+    ({}, CASES),
+    ({"stages": 1}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({"out_store": "deferred", "l2_prefetch": 1}, [(1, 129, 1, "scored"), (1, 1, 2, "scored"), (2, 70, 1, "switch")]),
+    ({"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"}, [(1, 200, 1, "saturated")]),
+    ({"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "bf16x2",
+      "row_norms": "cuda_cores", "walk_regs": 200}, [(2, 129, 1, "scored")]),
+]
+
+
+@pytest.mark.parametrize("overrides, cases", POINTS,
+                         ids=["defaults", "stages1", "deferred", "new_prep_ways", "other_prep_ways"])
+def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
+    cand, _ = render_point("fused_tiles", **overrides)
+    exe = build(cand, tmp_path / "cpu")
+    for i, (B, T, H, regime) in enumerate(cases):
+        inputs = write_case(tmp_path / "cpu", B, T, H, regime, 300 + i)
+        run(exe, tmp_path / "cpu", B, T, H, 300 + i)
+        check_case(tmp_path / "cpu", inputs, B, T, H, regime)
+
+
+# One role far behind the other, so each hand-over is tested at its edge: a walk warp that
+# runs one pass in 64 (the prep, unthrottled, would refill a slot the walk still reads), or
+# a prep warp (the walk, unthrottled, would read a slot before the prep has filled it).
+@pytest.mark.parametrize("lag", [(9, 64), (14, 256), (3, 64)], ids=["walk_warp_9", "walk_warp_14", "prep_warp_3"])
+def test_hand_over_with_one_role_behind(render_point, tmp_path, lag):
+    cand, _ = render_point("fused_tiles")
+    exe = build(cand, tmp_path / "cpu")
+    B, T, H, regime = 1, 321, 1, "scored"
+    inputs = write_case(tmp_path / "cpu", B, T, H, regime, 400)
+    run(exe, tmp_path / "cpu", B, T, H, 400, lag)
+    check_case(tmp_path / "cpu", inputs, B, T, H, regime)
+
+
+PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise", "row_norms", "w_gamma", "t_bf16")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct"}],
+                         ids=["defaults", "bf16x2_fragments_direct"])
+def test_same_bits_as_two_pass(render_point, tmp_path, overrides):
+    """The fused kernel runs the two_pass prep and walk sources on the same data: its output
+    and final state must be those of the two_pass point with the same ways, bit for bit."""
+    B, T, H, seed = 1, 150, 2, 11
+    fused, fam = render_point("fused_tiles", **overrides)
+    params = {**fam.defaults, **overrides}
+    same = {k: params[k] for k in PREP_WAYS} | {"out_store": params["out_store"], "stages": 2}
+    two_pass, _ = render_point("two_pass", **same)
+    results = []
+    for name, cand, builder in (("fused", fused, build), ("two_pass", two_pass, build_two_pass)):
+        work = tmp_path / name
+        exe = builder(cand, work)
+        write_case(work, B, T, H, "scored", seed)
+        rng = np.random.default_rng(seed)   # a decay rate per channel, as the two_pass bit tests use
+        _bits(rng.normal(size=(B, T, H, K)) * 0.3).tofile(work / "g.bin")
+        np.zeros(H, np.float32).tofile(work / "A_log.bin")
+        np.float32(rng.uniform(-5, 0, H * K)).tofile(work / "dt_bias.bin")
+        args = [str(exe), str(work), str(B), str(T), str(H), str(seed)]
+        if name == "two_pass":
+            args += ["128", "8", "1"]   # v_block, state_warps, segments
+        res = subprocess.run(args, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, f"{name}: rc={res.returncode}: {res.stderr[-2000:]}"
+        results.append([(work / f).read_bytes() for f in ("out.bin", "final.bin")])
+    assert results[0] == results[1]
