@@ -210,6 +210,8 @@ def _rewrite(path, old, new):
     ('block = [32, 64, 128]', 'block = [32, 32, 128]', "lists a value twice"),
     ('description = "test family"', 'descripton = "typo"', "Extra inputs are not permitted"),
     ('workloads = ["forward_cpu_small"]', 'workloads = []', "workloads"),
+    ('copy = ["../common/helper.cuh"]', 'copy = ["../common/helper.cuh"]\ninclude_dirs = ["../nowhere"]',
+     "include folder '../nowhere' not found"),
 ])
 def test_bad_family_files_are_refused_with_the_reason(toy_family, old, new, message):
     _rewrite(toy_family / "family.toml", old, new)
@@ -234,3 +236,21 @@ def test_numpy_family_space():
     assert fam.admits(dict(fam.defaults, decay_form="factored", dtype="float32", chunk=16))
     assert fam.admits(dict(fam.defaults, decay_form="factored", dtype="float64", chunk=128))
     assert len(points) > 100
+
+
+def test_a_template_includes_from_the_family_first_then_its_include_dirs(toy_family):
+    """`include_dirs` (a family built from another's templates): `{% include %}` looks in the
+    family's own folder, then in each named folder, in order."""
+    from evolve.render import render_sources
+
+    shared = toy_family.parent / "shared"
+    shared.mkdir()
+    (shared / "part.inc.j2").write_text("// shared part, block {{ block }}\n")
+    (shared / "both.inc.j2").write_text("// the shared copy\n")
+    (toy_family / "both.inc.j2").write_text("// the family's own copy\n")
+    _rewrite(toy_family / "family.toml", 'copy = ["../common/helper.cuh"]',
+             'copy = ["../common/helper.cuh"]\ninclude_dirs = ["../shared"]')
+    kernel = toy_family / "kernel.cu.j2"
+    kernel.write_text(kernel.read_text() + '{% include "part.inc.j2" %}{% include "both.inc.j2" %}')
+    cu = render_sources(load_family(toy_family), {"block": 32, "tile": 1, "mode": "a", "unused": 0})["kernel.cu"]
+    assert b"// shared part, block 32\n" in cu and b"// the family's own copy\n" in cu and b"shared copy" not in cu
