@@ -36,6 +36,7 @@ def test_space_and_defaults():
 @pytest.mark.parametrize("overrides, message", [
     ({"t_bf16": "direct", "diag_inverse": "after_blocks"}, "diag_inverse = 'in_blocks'"),
     ({"walk_regs": 176}, "walk_regs"),   # not a value: ptxas serialises the walk's wgmma below 192
+    ({"prefetch_inputs": 1}, "one ring slot"),
     ({"chunk": 32}, "chunk"),
 ])
 def test_constraints_reject(overrides, message):

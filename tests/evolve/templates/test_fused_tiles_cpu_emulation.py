@@ -130,6 +130,8 @@ CASES = [(1, 1, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "saturated"), (2
 POINTS = [
     ({}, CASES),
     ({"stages": 1}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({"stages": 1, "prefetch_inputs": 1, "l2_prefetch": 1}, [(1, 1, 1, "scored"), (1, 200, 1, "saturated"),
+                                                            (2, 129, 2, "switch")]),
     ({"out_store": "deferred", "l2_prefetch": 1}, [(1, 129, 1, "scored"), (1, 1, 2, "scored"), (2, 70, 1, "switch")]),
     ({"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"}, [(1, 200, 1, "saturated")]),
     ({"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "bf16x2",
@@ -138,7 +140,7 @@ POINTS = [
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS,
-                         ids=["defaults", "stages1", "deferred", "new_prep_ways", "other_prep_ways"])
+                         ids=["defaults", "stages1", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -151,9 +153,13 @@ def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
 # One role far behind the other, so each hand-over is tested at its edge: a walk warp that
 # runs one pass in 64 (the prep, unthrottled, would refill a slot the walk still reads), or
 # a prep warp (the walk, unthrottled, would read a slot before the prep has filled it).
-@pytest.mark.parametrize("lag", [(9, 64), (14, 256), (3, 64)], ids=["walk_warp_9", "walk_warp_14", "prep_warp_3"])
-def test_hand_over_with_one_role_behind(render_point, tmp_path, lag):
-    cand, _ = render_point("fused_tiles")
+@pytest.mark.parametrize("overrides, lag", [({}, (9, 64)), ({}, (14, 256)), ({}, (3, 64)),
+                                             ({"stages": 1, "prefetch_inputs": 1}, (12, 64)),
+                                             ({"stages": 1, "prefetch_inputs": 1}, (5, 64))],
+                         ids=["walk_warp_9", "walk_warp_14", "prep_warp_3", "one_slot_walk_warp_12",
+                              "one_slot_prep_warp_5"])
+def test_hand_over_with_one_role_behind(render_point, tmp_path, overrides, lag):
+    cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
     B, T, H, regime = 1, 321, 1, "scored"
     inputs = write_case(tmp_path / "cpu", B, T, H, regime, 400)

@@ -18,10 +18,10 @@ cupy = cupy_or_skip()
 # the fused family's GPU helpers, and its `bench` fixture (benchmarks/kda_kernels.py)
 from .test_fused_gpu import _host, _judge, _poison_and_call, _solution, bench, iket_host, kda_launch  # noqa: E402,F401
 
-POINTS = [{}, {"stages": 1}, {"out_store": "deferred", "walk_regs": 200},
+POINTS = [{}, {"stages": 1, "prefetch_inputs": 1, "l2_prefetch": 1}, {"out_store": "deferred", "walk_regs": 200},
           {"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"},
           {"diag_inverse": "after_blocks", "inverse_products": "fp32", "elementwise": "bf16x2", "row_norms": "cuda_cores"}]
-IDS = ["defaults", "stages1", "deferred_w200", "new_prep_ways", "other_prep_ways"]
+IDS = ["defaults", "stages1_prefetch", "deferred_w200", "new_prep_ways", "other_prep_ways"]
 PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise", "row_norms", "w_gamma", "t_bf16")
 
 
