@@ -385,13 +385,9 @@ static int run_grid(dim3_ grid, int nth, unsigned char* sm, size_t smem_bytes, s
 }
 """
 
-HARNESS = r"""
-#include "kda_fused.cu"
-#include <vector>
-alignas(16) unsigned char smem[SMEM_BYTES];
-""" + DRIVER + r"""
-int main(int argc, char** argv) {
-    const char* dir = argv[1];
+# A one-kernel harness's main() opens with this: the case's arguments (dir B T H seed), its
+# inputs as write_case left them, NaN-poisoned outputs.
+READ_CASE = r"""    const char* dir = argv[1];
     const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
     const unsigned seed = (unsigned)std::atoi(argv[5]);
     const size_t ntok = (size_t)B * T * H;
@@ -402,7 +398,15 @@ int main(int argc, char** argv) {
     auto init = load<float>(dir, "init.bin", (size_t)B * H * K * K);
     std::vector<bf16_t> out(ntok * K, 0x7fc0);             // NaN-poisoned
     std::vector<float> fin((size_t)B * H * K * K, NAN);
-    const float scale = 1.f / std::sqrt((float)K);
+"""
+
+HARNESS = r"""
+#include "kda_fused.cu"
+#include <vector>
+alignas(16) unsigned char smem[SMEM_BYTES];
+""" + DRIVER + r"""
+int main(int argc, char** argv) {
+""" + READ_CASE + r"""    const float scale = 1.f / std::sqrt((float)K);
     std::mt19937 rng(seed);
     g_body = [&] {
         kda_fused_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), init.data(),

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .test_fused_cpu_emulation import DRIVER, GXX, GXX_FLAGS, _bits, _strip_functions, check_case, write_case
+from .test_fused_cpu_emulation import DRIVER, GXX, GXX_FLAGS, READ_CASE, _bits, _strip_functions, check_case, write_case
 from .test_two_pass_cpu_emulation import build as build_two_pass
 from .test_two_pass_cpu_emulation import write_cpu_headers
 
@@ -49,18 +49,7 @@ alignas(1024) unsigned char smem[fused::SMEM_BYTES];
 constexpr int K = 128;
 """ + DRIVER + r"""
 int main(int argc, char** argv) {
-    const char* dir = argv[1];
-    const int B = std::atoi(argv[2]), T = std::atoi(argv[3]), H = std::atoi(argv[4]);
-    const unsigned seed = (unsigned)std::atoi(argv[5]);
-    if (argc > 7) { g_laggard = std::atoi(argv[6]); g_lag_period = std::atoi(argv[7]); }
-    const size_t ntok = (size_t)B * T * H;
-    auto q = load<bf16_t>(dir, "q.bin", ntok * K), k = load<bf16_t>(dir, "k.bin", ntok * K);
-    auto v = load<bf16_t>(dir, "v.bin", ntok * K), g = load<bf16_t>(dir, "g.bin", ntok * K);
-    auto beta = load<bf16_t>(dir, "beta.bin", ntok);
-    auto alog = load<float>(dir, "A_log.bin", H), dt = load<float>(dir, "dt_bias.bin", (size_t)H * K);
-    auto init = load<float>(dir, "init.bin", (size_t)B * H * K * K);
-    std::vector<bf16_t> out(ntok * K, 0x7fc0);             // NaN-poisoned
-    std::vector<float> fin((size_t)B * H * K * K, NAN);
+""" + READ_CASE + r"""    if (argc > 7) { g_laggard = std::atoi(argv[6]); g_lag_period = std::atoi(argv[7]); }   // (warp, period)
     const auto q0 = q, k0 = k, v0 = v, g0 = g, beta0 = beta;
     const auto alog0 = alog, dt0 = dt, init0 = init;
     const size_t nq = guard(q), nk = guard(k), nv = guard(v), ng = guard(g), nbeta = guard(beta);

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from .conftest import cupy_or_skip
-from .test_chunked_math import recurrence
 
 pytestmark = pytest.mark.gpu
 cupy = cupy_or_skip()
 
 # the fused family's GPU helpers, and its `bench` fixture (benchmarks/kda_kernels.py)
-from .test_fused_gpu import _host, _judge, _poison_and_call, _solution, bench, iket_host, kda_launch  # noqa: E402,F401
+from .test_fused_gpu import (REGIMES, _poison_and_call, _solution, bench, check_against_float64,  # noqa: E402,F401
+                             check_regime, iket_host, kda_launch)
 
 POINTS = [{}, {"stages": 1, "prefetch_inputs": 1, "l2_prefetch": 1}, {"out_store": "deferred", "walk_regs": 200},
           {"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"},
@@ -28,41 +28,12 @@ PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise
 @pytest.mark.parametrize("overrides", POINTS, ids=IDS)
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 129), (1, 321), (2, 200)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
-    cand, _ = render_point("fused_tiles", **overrides)
-    H = 2
-    data = kda_launch.random_inputs(B, T, H, seed=T + 10 * B)
-    before = {n: data[n].copy() for n in ("q", "k", "v", "g", "beta", "initial_state")}
-    fn = _solution(cand).setup(data, B, T, H)
-    for _ in range(2):   # poisoned before each call: every element must be rewritten
-        out, state = _poison_and_call(fn, data)
-        for bz in range(B):
-            ref_o, ref_s = recurrence(_host(data, "q")[bz], _host(data, "k")[bz], _host(data, "v")[bz],
-                                      _host(data, "g")[bz], _host(data, "beta")[bz],
-                                      data["A_log"].get().astype(np.float64),
-                                      data["dt_bias"].get().astype(np.float64),
-                                      data["initial_state"][bz].get().astype(np.float64), data["scale"])
-            assert _judge(out[bz], ref_o)[0], f"output mismatch B={B} T={T} batch {bz}: {_judge(out[bz], ref_o)}"
-            assert _judge(state[bz], ref_s)[0], f"state mismatch B={B} T={T} batch {bz}: {_judge(state[bz], ref_s)}"
-    for n, x in before.items():
-        assert bool((data[n].view(cupy.uint8) == x.view(cupy.uint8)).all()), f"{n} was modified"
+    check_against_float64(render_point("fused_tiles", **overrides)[0], B, T)
 
 
-@pytest.mark.parametrize("regime", ["scored", "saturated", "mixed_depth", "switch", "correlated", "random_depth"])
+@pytest.mark.parametrize("regime", REGIMES)
 def test_moderate_shape_against_fp32_reference(render_point, bench, regime):  # noqa: F811 (bench: the fixture)
-    B, T, H = 1, 1000, 8
-    data = kda_launch.random_inputs(B, T, H, seed=3)
-    bench.set_regime(data, regime, 77)
-    ref_o, ref_s = (x.get() for x in bench.reference_gpu(data))
-    cand, _ = render_point("fused_tiles")
-    fn = _solution(cand).setup(data, B, T, H)
-    loose = regime == "correlated"
-    for _ in range(2):
-        out, state = _poison_and_call(fn, data)
-        ok_o, r_o = _judge(out, ref_o, loose)
-        ok_s, r_s = _judge(state, ref_s, loose)
-        assert ok_o and ok_s, (regime, r_o, r_s)
-        if regime == "scored":
-            assert r_o < 0.01 and r_s < 0.01, (regime, r_o, r_s)
+    check_regime(render_point("fused_tiles")[0], bench, regime)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"w_gamma": "fragments", "t_bf16": "direct", "elementwise": "bf16x2"}],
