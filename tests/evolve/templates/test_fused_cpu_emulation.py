@@ -451,10 +451,15 @@ def build(cand: Path, work: Path) -> Path:
     (work / "kda_warpspec.cuh").write_text(warpspec)
     shutil.copy(cand / "iket.cuh", work / "iket.cuh")
     shutil.copy(cand / "kda_fused.cu", work / "kda_fused.cu")
-    (work / "harness.cpp").write_text(HARNESS)
-    exe = work / "kda_fused_cpu"
-    res = subprocess.run([GXX, *GXX_FLAGS, "-o", str(exe),
-                          str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
+    return compile_harness(work, HARNESS, "kda_fused_cpu")
+
+
+def compile_harness(work: Path, harness: str, name: str) -> Path:
+    """g++ of a harness (the kernel sources and CPU headers already in `work`); the executable."""
+    (work / "harness.cpp").write_text(harness)
+    exe = work / name
+    res = subprocess.run([GXX, *GXX_FLAGS, "-o", str(exe), str(work / "harness.cpp")],
+                         capture_output=True, text=True, cwd=work)
     assert res.returncode == 0, res.stderr[-4000:]
     return exe
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .test_fused_cpu_emulation import DRIVER, GXX, GXX_FLAGS, READ_CASE, _bits, _strip_functions, check_case, write_case
+from .test_fused_cpu_emulation import DRIVER, GXX, READ_CASE, _bits, _strip_functions, check_case, compile_harness, write_case
 from .test_two_pass_cpu_emulation import build as build_two_pass
 from .test_two_pass_cpu_emulation import write_cpu_headers
 
@@ -98,12 +98,7 @@ def build(cand: Path, work: Path) -> Path:
     text = (cand / "kda_fused_tiles.cu").read_text()
     assert "asm" not in re.sub(r"//.*", "", text), "a PTX primitive outside the headers"
     shutil.copy(cand / "kda_fused_tiles.cu", work / "kda_fused_tiles.cu")
-    (work / "harness.cpp").write_text(HARNESS)
-    exe = work / "kda_fused_tiles_cpu"
-    res = subprocess.run([GXX, *GXX_FLAGS, "-o", str(exe),
-                          str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return exe
+    return compile_harness(work, HARNESS, "kda_fused_tiles_cpu")
 
 
 def run(exe: Path, work: Path, B, T, H, seed, lag: tuple[int, int] | None = None) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from .conftest import NOT_BULK, for_prep
-from .test_fused_cpu_emulation import (DRIVER, GXX, GXX_FLAGS, PRELUDE, PRIMITIVES, _bits, _strip_functions, check_case,
+from .test_fused_cpu_emulation import (DRIVER, GXX, PRELUDE, PRIMITIVES, _bits, _strip_functions, check_case, compile_harness,
                                        write_case)
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not installed")
@@ -385,12 +385,7 @@ def build(cand: Path, work: Path) -> Path:
     # the walk that forms ut = T v reads the inputs' v (and the prep writes T where ut goes)
     launch += ("#define STATE_V_ARG , v.data()\n" if "const bf16_t* __restrict__ v," in state_src
                else "#define STATE_V_ARG\n")
-    (work / "harness.cpp").write_text("#include <set>\n" + launch + HARNESS)
-    exe = work / "kda_two_pass_cpu"
-    res = subprocess.run([GXX, *GXX_FLAGS, "-o", str(exe),
-                          str(work / "harness.cpp")], capture_output=True, text=True, cwd=work)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return exe
+    return compile_harness(work, "#include <set>\n" + launch + HARNESS, "kda_two_pass_cpu")
 
 
 def run_case(exe: Path, work: Path, B, T, H, regime, seed, v_block, state_warps, segments=1):
