@@ -26,6 +26,7 @@ MAX_TRACES_BYTES = 256 << 20  # what the server may send at all: it refuses beyo
 MAX_STAGE_KEYS = 256   # warp x stage keys stored per trace; the busiest are kept
 MAX_TRACES = 16        # traces (kernels) summarised per candidate
 MAX_NAME_CHARS = 120   # of a stored key or trace name (the meta's names are the candidate's)
+MAX_PERIOD_SERIES = 1 << 16   # (CTA, warp x stage) series followed for a period; the rest are not
 
 
 class TraceRefused(ValueError):
@@ -106,12 +107,16 @@ def _finite(value: Any, what: str) -> float:
 
 
 def summarise(trace: bytes) -> dict:
-    """Per (warp, stage name): count and mean duration (µs) from a Chrome trace; at most
-    MAX_STAGE_KEYS keys (those with the most events), `stages_left_out` counting the rest.
-    Raises TraceRefused for a trace over MAX_TRACE_BYTES (before reading it) or one it cannot read."""
+    """Per (warp, stage name): count and mean duration (µs) from a Chrome trace, and where a
+    warp records the stage again and again in a CTA (a chunk loop), its period: the mean time
+    from one start to the next, (last start - first start) / (count - 1) per CTA, averaged over
+    the CTAs. At most MAX_STAGE_KEYS keys (those with the most events), `stages_left_out`
+    counting the rest. Raises TraceRefused for a trace over MAX_TRACE_BYTES (before reading
+    it) or one it cannot read."""
     if len(trace) > MAX_TRACE_BYTES:
         raise TraceRefused(f"the trace is {len(trace)} bytes, over the limit of {MAX_TRACE_BYTES}")
     sums: dict[str, list[float]] = {}   # key -> [count, total µs]: memory by keys, not events
+    series: dict[tuple[str, str], list[float]] = {}   # (CTA, key) -> [count, first start, last start]
     lo, hi = math.inf, -math.inf
     try:
         for ev in _events(trace.decode("utf-8")):
@@ -123,12 +128,26 @@ def summarise(trace: bytes) -> dict:
             acc[0] += 1
             acc[1] += dur
             lo, hi = min(lo, ts), max(hi, ts + dur)
+            cta = str(ev.get("pid"))[:MAX_NAME_CHARS]
+            run = series.get((cta, key))
+            if run is not None:
+                run[0] += 1
+                run[1], run[2] = min(run[1], ts), max(run[2], ts)
+            elif len(series) < MAX_PERIOD_SERIES:
+                series[(cta, key)] = [1, ts, ts]
     except TraceRefused:
         raise
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # bad UTF-8 or JSON, a non-number
         raise TraceRefused(f"unreadable trace: {type(exc).__name__}: {str(exc)[:200]}") from None
     kept = sorted(sorted(sums.items()), key=lambda kv: -kv[1][0])[:MAX_STAGE_KEYS]
-    stages = {k: {"count": int(n), "mean_us": _rounded(total / n)} for k, (n, total) in sorted(kept)}
+    stages: dict[str, dict[str, Any]] = {k: {"count": int(n), "mean_us": _rounded(total / n)}
+                                         for k, (n, total) in sorted(kept)}
+    periods: dict[str, list[float]] = {}
+    for (_, key), (n, first, last) in series.items():
+        if n >= 3 and key in stages:   # two gaps at least: one is a single interval, not a loop
+            periods.setdefault(key, []).append((last - first) / (n - 1))
+    for key, values in periods.items():
+        stages[key]["period_us"] = _rounded(math.fsum(values) / len(values))
     out: dict[str, Any] = {"stages": stages, "span_us": _rounded(hi - lo) if sums else None}
     if len(sums) > len(kept):
         out["stages_left_out"] = len(sums) - len(kept)

@@ -60,7 +60,7 @@ class LineageNode:
 class IketTable:
     trace: str
     span_us: float | None
-    rows: list[tuple[str, int, float]]     # (warp:stage, count, mean µs)
+    rows: list[tuple[str, int, float, float | None]]     # (warp:stage, count, mean µs, period µs)
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,10 @@ def _stalls_text(stalls: object) -> str | None:
     return ", ".join(f"{reason} {value:.1f}" for reason, value in stalls.items() if isinstance(value, (int, float)))
 
 
+def _number(x: object) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
 def _iket(evaluations: list[Evaluation]) -> list[IketTable]:
     done = [e for e in evaluations if e.stage == Stage.IKET and e.status == EvaluationStatus.PASSED]
     traces = done[-1].metrics.get("traces") if done else None
@@ -154,7 +158,7 @@ def _iket(evaluations: list[Evaluation]) -> list[IketTable]:
         stages = summary.get("stages") if isinstance(summary, dict) else None
         if not isinstance(stages, dict):
             continue
-        rows = [(key, int(v.get("count", 0)), float(v.get("mean_us", 0.0)))
+        rows = [(key, int(v.get("count", 0)), float(v.get("mean_us", 0.0)), _number(v.get("period_us")))
                 for key, v in stages.items() if isinstance(v, dict)]
         tables.append(IketTable(name, summary.get("span_us"), rows))
     return tables

@@ -68,7 +68,7 @@ def add_tools_and_a_crash(pop: Population, workload_id: int, ids: dict[str, int]
     crashed with a message holding markup and stored logs. Returns the crashed one's id."""
     run = ids["run"]
     finish(pop, ids["slow"], "iket", StageResult(status="passed", metrics={"traces": {"trace.json": {
-        "stages": {"w0:prep": {"count": 4, "mean_us": 12.5}, "w1:state": {"count": 4, "mean_us": 30.25}},
+        "stages": {"w0:prep": {"count": 4, "mean_us": 12.5, "period_us": 41.75}, "w1:state": {"count": 4, "mean_us": 30.25}},
         "span_us": 170.0}}}), run)
     finish(pop, ids["slow"], "ncu", StageResult(status="passed", excessive_sectors=6144, metrics={"kernels": [
         {"name": "kda_prep_kernel", "duration_ns": 731000.0, "sectors_excessive": 6144, "registers": 96}]}), run)

@@ -68,6 +68,7 @@ def test_candidate_pages_hold_parameters_lineage_timeline_logs_and_tools(pop: Po
     tools = page[page.index(f'<article class="candidate" id="c{ids["slow"]}"'):]
     tools = tools[:tools.index("</article>")]
     assert "w1:state" in tools and "30.25" in tools                             # IKET table
+    assert "period µs" in tools and "41.75" in tools                            # a chunk loop's period
     assert "kda_prep_kernel" in tools and "731000.0" in tools                   # NCU metrics
     crashed = page[page.index(f'id="c{crash}"'):]
     assert "Traceback (most recent call last)" in crashed and "warming up" in crashed  # stored logs

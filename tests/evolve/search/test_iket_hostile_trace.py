@@ -50,7 +50,9 @@ def test_an_honest_trace_is_summarised_per_warp_and_stage(monkeypatch, tmp_path)
     out = _stage(monkeypatch, tmp_path, {"k.trace.json": convert_pair(pack_buffer(recs), META)})
     assert out.status == EvaluationStatus.PASSED
     summary = out.metrics["traces"]["k.trace.json"]
-    assert summary["stages"] == {f"w{w}:{'load' if w % 2 == 0 else 'mma'}": {"count": 40, "mean_us": 0.333}
+    # ten records a warp in each CTA, one a microsecond: a loop with a period of 1 µs
+    assert summary["stages"] == {f"w{w}:{'load' if w % 2 == 0 else 'mma'}": {"count": 40, "mean_us": 0.333,
+                                                                          "period_us": 1.0}
                                  for w in range(4)}
     assert summary["span_us"] == 9.333 and "stages_left_out" not in summary
 
@@ -79,7 +81,8 @@ def test_a_trace_of_thousands_of_keys_is_stored_capped(monkeypatch, tmp_path):
     summary = out.metrics["traces"]["k.trace.json"]
     assert len(summary["stages"]) == iket.MAX_STAGE_KEYS
     assert summary["stages_left_out"] == 5_000 - iket.MAX_STAGE_KEYS
-    assert summary["stages"]["w7:load"] == {"count": 4, "mean_us": 0.002}  # (0.001 + 3 * 0.002) / 4, rounded
+    # (0.001 + 3 * 0.002) / 4, rounded; its starts at 7 µs and 10,000.001-10,000.003 µs
+    assert summary["stages"]["w7:load"] == {"count": 4, "mean_us": 0.002, "period_us": 3331.001}
     assert len(json.dumps(out.metrics)) < 64_000
 
 
@@ -104,3 +107,17 @@ def test_an_unreadable_or_non_finite_trace_fails_the_stage(monkeypatch, tmp_path
     out = _stage(monkeypatch, tmp_path, {"k.trace.json": trace})
     assert out.status == EvaluationStatus.FAILED and out.failure_kind == FailureKind.RUNTIME
     assert out.message.startswith("iket trace 'k.trace.json' refused:")
+
+
+def test_a_period_is_a_loops_and_its_series_are_capped(monkeypatch, tmp_path):
+    """A stage recorded once or twice a CTA has no period; one in a loop has its start-to-start
+    mean, averaged over CTAs; past MAX_PERIOD_SERIES (CTA, key) series no new one is followed."""
+    monkeypatch.setattr(iket, "MAX_PERIOD_SERIES", 3)
+    recs = [IketRecord(cta, 0, 0, s, 1_000 * s * (cta + 1), 1_000 * s * (cta + 1) + 10) for cta in range(2) for s in range(5)]
+    recs += [IketRecord(cta, 1, 1, s, 500 * s, 500 * s + 10) for cta in range(2) for s in range(2)]   # twice: no loop
+    recs += [IketRecord(9, 2, 0, s, 100 * s, 100 * s + 10) for s in range(5)]   # a fourth series: not followed
+    summary = _stage(monkeypatch, tmp_path, {"k.trace.json": convert_pair(pack_buffer(recs), META)}).metrics["traces"]
+    stages = summary["k.trace.json"]["stages"]
+    assert stages["w0:load"]["period_us"] == 1.5   # CTA 0: 1 µs, CTA 1: 2 µs
+    assert "period_us" not in stages["w1:mma"] and "period_us" not in stages["w2:load"]
+    assert stages["w2:load"]["count"] == 5         # still counted and timed
