@@ -25,6 +25,10 @@ _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
+# ptxas's performance notes name their kernel: C7512 (wgmma serialised for want of registers:
+# each product waits for the one before), C7517 (a warpgroup.wait injected where the code
+# touches registers a wgmma may still write). The line may come before the kernel's entry.
+_PERF = re.compile(r"\((C\d{4})\) Potential Performance Loss: (.*?)\s+(?:for|in) (?:the )?function '([^']+)'")
 
 # nvcc's address space, and that of everything it spawns (a template blow-up in cicc
 # otherwise takes the orchestrator's memory). Real kernels need well under 2 GiB.
@@ -60,6 +64,7 @@ class KernelResources(BaseModel):
     spill_loads: int = 0
     stack_bytes: int = 0
     smem_bytes: int = 0
+    performance_notes: list[str] = Field(default_factory=list)   # "C7512: wgmma.mma_async instructions are serialized ..."
 
 
 class CompileReport(BaseModel):
@@ -90,6 +95,11 @@ def parse_ptxas(log: str) -> dict[str, KernelResources]:
     kernels: dict[str, KernelResources] = {}
     current: KernelResources | None = None
     for line in log.splitlines():
+        m = _PERF.search(line)
+        if m:
+            code, text, name = m.groups()
+            kernels.setdefault(name, KernelResources()).performance_notes.append(f"{code}: {text}"[:300])
+            continue
         m = _ENTRY.search(line)
         if m:
             current = kernels.setdefault(m.group(1), KernelResources())

@@ -48,9 +48,32 @@ ptxas info    : Used 10 registers, used 0 barriers
     assert ks["k1"].registers == 255 and ks["k1"].smem_bytes == 49152
     assert ks["k1"].spill_stores == 12 and ks["k1"].spill_loads == 16 and ks["k1"].stack_bytes == 8
     assert ks["k2"].registers == 10 and ks["k2"].smem_bytes == 0
+    assert ks["k1"].performance_notes == [] and ks["k2"].performance_notes == []
     assert nvcc.gencode("sm_90a") == "-gencode=arch=compute_90a,code=sm_90a"
     with pytest.raises(ValueError):
         nvcc.gencode("sm90; rm -rf /")
+
+
+def test_ptxas_performance_notes_are_kept_per_kernel():
+    """ptxas 13.0's words (fused_tiles with too few walk registers, two_pass's walk before its
+    fix): the note may come before its kernel's entry line, and names the kernel itself."""
+    log = """ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the function 'kda_fused_kernel'
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'kda_fused_kernel' for 'sm_90a'
+ptxas info    : Function properties for kda_fused_kernel
+    64 bytes stack frame, 92 bytes spill stores, 64 bytes spill loads
+ptxas info    : Used 128 registers, used 16 barriers, 64 bytes cumulative stack size
+ptxas info    : Compiling entry function 'kda_state_kernel' for 'sm_90a'
+ptxas info    : (C7517) Potential Performance Loss: warpgroup.wait is injected in around line 370 by compiler to allow use of registers defined by GMMA in function 'kda_state_kernel'
+ptxas info    : Used 232 registers, used 1 barriers
+"""
+    ks = nvcc.parse_ptxas(log)
+    assert ks["kda_fused_kernel"].registers == 128 and ks["kda_fused_kernel"].spill_stores == 92
+    assert ks["kda_fused_kernel"].performance_notes == [
+        "C7512: wgmma.mma_async instructions are serialized due to insufficient register resources"]
+    assert ks["kda_state_kernel"].registers == 232
+    assert ks["kda_state_kernel"].performance_notes == [
+        "C7517: warpgroup.wait is injected in around line 370 by compiler to allow use of registers defined by GMMA"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
