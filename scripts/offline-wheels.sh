@@ -16,6 +16,6 @@ python3 -m pip download "${args[@]}" \
     starlette uvicorn python-multipart tenacity sqlalchemy alembic mako \
     pydantic pydantic-core annotated-types typing-inspection \
     httpx httpcore h11 anyio idna certifi sniffio jinja2 markupsafe \
-    rich markdown-it-py mdurl pygments ml-dtypes \
+    rich markdown-it-py mdurl pygments 'ml-dtypes<0.7' \
     fla-core==0.6.0 einops
 ls "$dest"
