@@ -3,23 +3,32 @@ folder of its own, it runs the README's main job by name from an empty directory
 embedded server, its sandbox and the judge all from the installed package)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from tests.kcoral.compat.cachelock import install_lock
+
 REPO = Path(__file__).resolve().parents[2]
+# pip builds the wheel in the repository's own build/ folder: two pytest-xdist workers that
+# build together collide there (seen: "File exists: build/bdist.linux-x86_64/wheel/..."), so
+# one builds at a time, each clone under its own lock.
+BUILD_LOCK = Path(tempfile.gettempdir()) / f"kcoral-evolve-wheel-{hashlib.sha256(str(REPO).encode()).hexdigest()[:12]}"
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(out)],
-                           capture_output=True, text=True, timeout=600, cwd=out)
+    with install_lock(BUILD_LOCK):
+        build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(out)],
+                               capture_output=True, text=True, timeout=600, cwd=out)
     if build.returncode != 0 and "Could not find a version that satisfies" in build.stderr:
         pytest.skip("pip cannot fetch the build backend here (no package index)")
     assert build.returncode == 0, build.stderr[-3000:]
