@@ -3,12 +3,10 @@ folder of its own, it runs the README's main job by name from an empty directory
 embedded server, its sandbox and the judge all from the installed package)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -19,8 +17,8 @@ from tests.kcoral.compat.cachelock import install_lock
 REPO = Path(__file__).resolve().parents[2]
 # pip builds the wheel in the repository's own build/ folder: two pytest-xdist workers that
 # build together collide there (seen: "File exists: build/bdist.linux-x86_64/wheel/..."), so
-# one builds at a time, each clone under its own lock.
-BUILD_LOCK = Path(tempfile.gettempdir()) / f"kcoral-evolve-wheel-{hashlib.sha256(str(REPO).encode()).hexdigest()[:12]}"
+# one builds at a time, under a lock in that folder (ignored by git).
+BUILD_LOCK = REPO / "build" / "wheel"
 
 
 @pytest.fixture(scope="module")
