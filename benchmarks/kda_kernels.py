@@ -12,7 +12,10 @@ synchronisation at the end; the median per implementation is reported.
     python benchmarks/kda_kernels.py --config fused --config fused:stages=1 --config two_pass
     python benchmarks/kda_kernels.py --quick           # probes only, no full-shape checks
 
-Writes a JSON document of everything to --out (default: no file) and a table to stdout.
+Writes a JSON document of everything to --out (default: no file) and a table to stdout. A line
+on stderr follows each configuration's checks, and the report is rewritten after each: a run
+stopped by SIGTERM or SIGINT (a device's time limit) still prints and writes what it checked
+and timed, marked "interrupted".
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import argparse
 import hashlib
 import json
 import math
+import signal
 import sys
 import tempfile
 import time
@@ -321,11 +325,34 @@ def main(argv=None) -> int:
     ap.add_argument("--iket", action="store_true", help="trace the first configuration's stages (IKET)")
     args = ap.parse_args(argv)
     configs = [parse_config(c) for c in (args.config or ["two_pass"])]
-    regimes = [r for r in args.regimes.split(",") if r]
-    root = Path(tempfile.mkdtemp(prefix="kda_bench_"))
     dev = cupy.cuda.Device()
     report = {"date": time.strftime("%Y-%m-%d"), "gpu": cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(),
               "T": args.T, "H": args.H, "iters": args.iters, "configs": []}
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # A time limit's SIGTERM ends the run like Ctrl-C: with the checks done so far kept.
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        measure(args, configs, report)
+    except KeyboardInterrupt as exc:
+        report["interrupted"] = str(exc) or "SIGINT"
+        print(f"interrupted ({report['interrupted']}): the table holds what was done", file=sys.stderr, flush=True)
+    write_report(args.out, report)
+    print_table(report, args)
+    return 130 if "interrupted" in report else 0
+
+
+def write_report(path: str | None, report: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(report, indent=1, default=str))
+
+
+def measure(args, configs, report: dict) -> None:
+    """Checks every configuration, then times them all together; fills `report` as it goes."""
+    regimes = [r for r in args.regimes.split(",") if r]
+    root = Path(tempfile.mkdtemp(prefix="kda_bench_"))
 
     # short probes: float64 references, computed once
     probes = []
@@ -360,11 +387,12 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - fla absent or failing: time the candidates alone
             report["fla_error"] = f"{type(exc).__name__}: {exc}"
 
-    for family, params in configs:
+    for i, (family, params) in enumerate(configs, 1):
         row = {"family": family, "params": params, "probes": {}, "regimes": {}}
         report["configs"].append(row)
         name = family + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
         row["name"] = name
+        started = time.monotonic()
         try:
             cand = render(family, params, root)
             sol = load_solution(cand)
@@ -393,18 +421,24 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - a failing candidate is a row of the report
             row["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             traceback.print_exc()
+        verdict = "ERROR" if "error" in row else "PASS" if all(
+            r["ok"] for r in [*row["probes"].values(), *row["regimes"].values()]) else "FAIL"
+        print(f"[{i}/{len(configs)}] {name}: checks {verdict} in {time.monotonic() - started:.1f} s",
+              file=sys.stderr, flush=True)
+        write_report(args.out, report)
 
     if timed:
+        print(f"timing {len(timed)} implementations, {args.iters} calls each", file=sys.stderr, flush=True)
         report["times_ms"] = time_alternating(timed, args.iters)
+        write_report(args.out, report)
     if args.iket and full is not None and configs:
         try:
             report["iket"] = iket_profile(configs[0], root, full, args.T, args.H)
         except Exception as exc:  # noqa: BLE001 - the profile is optional: the report says why it is missing
             report["iket_error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
-    # ---- table ----
+
+def print_table(report: dict, args) -> None:
     print(f"\n{report['gpu']}  B=1 T={args.T} H={args.H}  {report['date']}  "
           f"(events, 512 MB L2 flush per call, alternating, median of {args.iters})")
     if "fla_error" in report:
@@ -448,7 +482,6 @@ def main(argv=None) -> int:
                   + (f" inputs_unchanged={r['inputs_unchanged']}" if "inputs_unchanged" in r else ""))
         if "resources" in row:
             print("   resources:", row["resources"])
-    return 0
 
 
 if __name__ == "__main__":
