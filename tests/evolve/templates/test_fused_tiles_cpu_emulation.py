@@ -113,7 +113,7 @@ def run(exe: Path, work: Path, B, T, H, seed, lag: tuple[int, int] | None = None
 CASES = [(1, 1, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "saturated"), (2, 70, 2, "switch")]
 POINTS = [
     ({}, CASES),
-    ({"stages": 1}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({"stages": 1, "l2_prefetch": 0}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
     ({"stages": 1, "prefetch_inputs": 1, "l2_prefetch": 1}, [(1, 1, 1, "scored"), (1, 200, 1, "saturated"),
                                                             (2, 129, 2, "switch")]),
     ({"out_store": "deferred", "l2_prefetch": 1}, [(1, 129, 1, "scored"), (1, 1, 2, "scored"), (2, 70, 1, "switch")]),
@@ -124,7 +124,7 @@ POINTS = [
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS,
-                         ids=["defaults", "stages1", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways"])
+                         ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")

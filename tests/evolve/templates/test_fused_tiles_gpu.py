@@ -18,10 +18,10 @@ cupy = cupy_or_skip()
 from .test_fused_gpu import (REGIMES, _poison_and_call, _solution, bench, check_against_float64,  # noqa: E402,F401
                              check_regime, iket_host, kda_launch)
 
-POINTS = [{}, {"stages": 1, "prefetch_inputs": 1, "l2_prefetch": 1}, {"out_store": "deferred", "walk_regs": 200},
+POINTS = [{}, {"stages": 1, "prefetch_inputs": 1, "l2_prefetch": 1}, {"out_store": "deferred", "walk_regs": 200, "l2_prefetch": 0},
           {"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"},
           {"diag_inverse": "after_blocks", "inverse_products": "fp32", "elementwise": "bf16x2", "row_norms": "cuda_cores"}]
-IDS = ["defaults", "stages1_prefetch", "deferred_w200", "new_prep_ways", "other_prep_ways"]
+IDS = ["defaults", "stages1_prefetch", "deferred_w200_no_l2_prefetch", "new_prep_ways", "other_prep_ways"]
 PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise", "row_norms", "w_gamma", "t_bf16")
 
 
