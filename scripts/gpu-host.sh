@@ -3,7 +3,9 @@
 # repository, against a kcoral-server started here for the purpose and stopped on exit.
 #
 #   scripts/gpu-host.sh bench POINT...           POINT: NAME, or NAME:param=value,... over FAMILY's
-#                                                defaults; a NAME given twice is benched twice
+#                                                defaults, or FAMILY/NAME[:...] for another family
+#                                                (two_pass/tp fused_tiles/ft); a NAME given twice
+#                                                is benched twice
 #   scripts/gpu-host.sh evolve CONFIG [ARGS...]  evolve run CONFIG --remote <this server> ARGS
 #
 # Environment (defaults in brackets): WORKLOAD [forward_b1_t8192_h96], FAMILY [two_pass],
@@ -32,7 +34,7 @@ GPUS=${GPUS-0}
 URL=http://127.0.0.1:$PORT
 
 die() { echo "gpu-host: $*" >&2; exit 1; }
-usage() { sed -n '2,8p' "$0" >&2; exit 2; }
+usage() { sed -n '2,10p' "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 command=$1; shift
 case $command in
@@ -59,14 +61,20 @@ fi
 
 # Every point rendered before anything is compiled or started: a typo costs nothing.
 folders=()
+names=()
 if [ "$command" = bench ]; then
     for point in "$@"; do
-        name=${point%%:*}
+        spec=${point%%:*}
+        family=$FAMILY
+        name=$spec
+        if [[ $spec == */* ]]; then family=${spec%%/*}; name=${spec#*/}; fi
         [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || die "point $point: name it with letters, digits, '_', '.' or '-' (it names its report)"
+        [[ $family =~ ^[A-Za-z0-9_-]+$ ]] || die "point $point: name its family with letters, digits, '_' or '-'"
         values=()
-        [ "$point" = "$name" ] || IFS=, read -ra values <<< "${point#*:}"
-        folder=$(python3 -m evolve render "$FAMILY" "${values[@]}" --out "$OUT/points") || die "point $point: not rendered"
+        [ "$point" = "$spec" ] || IFS=, read -ra values <<< "${point#*:}"
+        folder=$(python3 -m evolve render "$family" "${values[@]}" --out "$OUT/points") || die "point $point: not rendered"
         folders+=("$folder")
+        names+=("$name")
     done
 fi
 
@@ -127,10 +135,8 @@ if [ "$command" = evolve ]; then
     exit
 fi
 
-i=0
-for point in "$@"; do
-    i=$((i + 1))
-    name=${point%%:*}
+for ((i = 1; i <= ${#folders[@]}; i++)); do
+    name=${names[$((i - 1))]}
     folder=${folders[$((i - 1))]}
     report=$OUT/bench-$i-$name.json
     python3 -m kcoral bench "$WORKLOAD" "$folder" --remote "$URL" --timeout "${BENCH_TIMEOUT:-300}" --json \

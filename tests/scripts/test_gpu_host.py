@@ -31,9 +31,10 @@ def _listening(port: int) -> bool:
         return False
 
 
-def _run(tmp_path: Path, port: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, port: int, *args: str, timeout: float = 600,
+         family: str = "numpy_chunked") -> subprocess.CompletedProcess[str]:
     # OUT relative: the caller's directory, not the checkout the script changes to
-    env = dict(os.environ, GPUS="", WORKLOAD="forward_cpu_small", FAMILY="numpy_chunked", OUT="out",
+    env = dict(os.environ, GPUS="", WORKLOAD="forward_cpu_small", FAMILY=family, OUT="out",
                PORT=str(port), CPU_WORKERS="1", BENCH_TIMEOUT="300",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")   # this interpreter as python3
     env.pop("KCORAL_REMOTE", None)
@@ -43,7 +44,9 @@ def _run(tmp_path: Path, port: int, *args: str, timeout: float = 600) -> subproc
 
 def test_benches_each_point_on_its_own_server_and_stops_it(tmp_path):
     port = free_port()
-    res = _run(tmp_path, port, "bench", "seed", "f32:dtype=float32,chunk=32")
+    # FAMILY names a GPU family: the points name theirs (FAMILY/NAME), so they render as the CPU one
+    res = _run(tmp_path, port, "bench", "numpy_chunked/seed", "numpy_chunked/f32:dtype=float32,chunk=32",
+               family="two_pass")
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path / "out"
     assert not (REPO / "out").exists()
@@ -80,7 +83,8 @@ def test_refuses_a_point_the_family_does_not_admit(tmp_path):
 
 
 def test_refuses_a_point_name_that_cannot_name_its_report(tmp_path):
-    res = _run(tmp_path, free_port(), "bench", "a/b:chunk=32", timeout=120)
+    # the first '/' ends the family's name; a second one would land in the report's path
+    res = _run(tmp_path, free_port(), "bench", "numpy_chunked/a/b:chunk=32", timeout=120)
     assert res.returncode == 1 and "name it with letters" in res.stderr
     assert not (tmp_path / "out" / "server.log").exists()
 
@@ -93,3 +97,12 @@ def test_refuses_an_out_folder_another_run_is_using(tmp_path):
         res = _run(tmp_path, free_port(), "bench", "seed", timeout=120)
     assert res.returncode == 1 and "another gpu-host.sh is using" in res.stderr
     assert not (tmp_path / "out" / "server.log").exists()
+
+
+def test_refuses_a_family_it_does_not_know(tmp_path):
+    port = free_port()
+    res = _run(tmp_path, port, "bench", "seed", "nosuch/x", timeout=120)
+    assert res.returncode == 1
+    assert "no family 'nosuch'" in res.stderr and "point nosuch/x: not rendered" in res.stderr
+    assert not (tmp_path / "out" / "server.log").exists()
+    assert not _listening(port)
