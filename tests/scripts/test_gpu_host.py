@@ -73,11 +73,15 @@ def test_refuses_a_taken_port_before_starting_anything(tmp_path):
     assert not (tmp_path / "out" / "server.log").exists()
 
 
-def test_refuses_a_point_the_family_does_not_admit(tmp_path):
+@pytest.mark.parametrize("point, says", [
+    ("bad:chunk=7", "chunk=7 is not one of"),   # a value the family does not admit
+    ("nosuch/x", "no family 'nosuch'"),         # a family it does not know
+])
+def test_refuses_a_point_it_cannot_render(tmp_path, point, says):
     port = free_port()
-    res = _run(tmp_path, port, "bench", "seed", "bad:chunk=7", timeout=120)
+    res = _run(tmp_path, port, "bench", "seed", point, timeout=120)
     assert res.returncode == 1
-    assert "chunk=7 is not one of" in res.stderr and "point bad:chunk=7: not rendered" in res.stderr
+    assert says in res.stderr and f"point {point}: not rendered" in res.stderr
     assert not (tmp_path / "out" / "server.log").exists()
     assert not _listening(port)
 
@@ -97,12 +101,3 @@ def test_refuses_an_out_folder_another_run_is_using(tmp_path):
         res = _run(tmp_path, free_port(), "bench", "seed", timeout=120)
     assert res.returncode == 1 and "another gpu-host.sh is using" in res.stderr
     assert not (tmp_path / "out" / "server.log").exists()
-
-
-def test_refuses_a_family_it_does_not_know(tmp_path):
-    port = free_port()
-    res = _run(tmp_path, port, "bench", "seed", "nosuch/x", timeout=120)
-    assert res.returncode == 1
-    assert "no family 'nosuch'" in res.stderr and "point nosuch/x: not rendered" in res.stderr
-    assert not (tmp_path / "out" / "server.log").exists()
-    assert not _listening(port)
