@@ -421,8 +421,8 @@ def measure(args, configs, report: dict) -> None:
         except Exception as exc:  # noqa: BLE001 - a failing candidate is a row of the report
             row["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             traceback.print_exc()
-        verdict = "ERROR" if "error" in row else "PASS" if all(
-            r["ok"] for r in [*row["probes"].values(), *row["regimes"].values()]) else "FAIL"
+        probes_ok, reg_ok = checks_passed(row)
+        verdict = "ERROR" if "error" in row else "PASS" if probes_ok and reg_ok is not False else "FAIL"
         print(f"[{i}/{len(configs)}] {name}: checks {verdict} in {time.monotonic() - started:.1f} s",
               file=sys.stderr, flush=True)
         write_report(args.out, report)
@@ -436,6 +436,14 @@ def measure(args, configs, report: dict) -> None:
             report["iket"] = iket_profile(configs[0], root, full, args.T, args.H)
         except Exception as exc:  # noqa: BLE001 - the profile is optional: the report says why it is missing
             report["iket_error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def checks_passed(row: dict) -> tuple[bool, bool | None]:
+    """(every probe passed, every regime passed: None where none ran) for a configuration's row."""
+    probes_ok = all(p["ok"] for p in row["probes"].values()) if row["probes"] else False
+    reg_ok = all(r["ok"] and r.get("repeat_ok", True) and r.get("inputs_unchanged", True)
+                 for r in row["regimes"].values()) if row["regimes"] else None
+    return probes_ok, reg_ok
 
 
 def print_table(report: dict, args) -> None:
@@ -457,9 +465,7 @@ def print_table(report: dict, args) -> None:
     if base:
         print(f"{'fla chunk_kda':48s} {base:9.4f} ms")
     for row in report["configs"]:
-        probes_ok = all(p["ok"] for p in row["probes"].values()) if row["probes"] else False
-        reg_ok = all(r["ok"] and r.get("repeat_ok", True) and r.get("inputs_unchanged", True)
-                     for r in row["regimes"].values()) if row["regimes"] else None
+        probes_ok, reg_ok = checks_passed(row)
         t = times.get(row["name"])
         line = f"{row['name']:48s} "
         line += f"{t:9.4f} ms" if t else "        - ms"

@@ -135,12 +135,12 @@ if [ "$command" = evolve ]; then
     exit
 fi
 
-for ((i = 1; i <= ${#folders[@]}; i++)); do
-    name=${names[$((i - 1))]}
-    folder=${folders[$((i - 1))]}
-    report=$OUT/bench-$i-$name.json
-    python3 -m kcoral bench "$WORKLOAD" "$folder" --remote "$URL" --timeout "${BENCH_TIMEOUT:-300}" --json \
-        > "$report" 2> "$OUT/bench-$i-$name.err" || true
+for j in "${!folders[@]}"; do
+    name=${names[j]}
+    stem=$OUT/bench-$((j + 1))-$name   # reports numbered from 1, in the order given
+    report=$stem.json
+    python3 -m kcoral bench "$WORKLOAD" "${folders[j]}" --remote "$URL" --timeout "${BENCH_TIMEOUT:-300}" --json \
+        > "$report" 2> "$stem.err" || true
     python3 - "$name" "$report" <<'EOF'
 import json, sys
 name, path = sys.argv[1], sys.argv[2]
