@@ -63,6 +63,8 @@ def test_iket_dump_matches_launch(render_point, tmp_path, monkeypatch):
     meta = json.loads((tmp_path / "kda_fused_kernel.iket.json").read_text())
     rec = iket_host.read_records(tmp_path / "kda_fused_kernel.iket.bin")
     assert len(rec) == chunks * ctas * per_chunk
+    # every record once: the counters' shares (iket.cuh) neither overlap nor lose one
+    assert len(set(zip(rec["cta"], rec["warp"], rec["stage"], rec["seq"]))) == len(rec)
     assert set(np.unique(rec["stage"]).astype(str)) == set(meta["stages"])
     assert (rec["end_ns"] >= rec["start_ns"]).all()
     assert set(meta["warp_roles"].values()) == {"prep", "walk"}
