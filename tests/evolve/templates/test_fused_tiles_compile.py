@@ -74,5 +74,23 @@ def test_iket_is_free_when_off(render_point):
     off = compile_ptx(cand / "kda_fused_tiles.cu")
     on = compile_ptx(cand / "kda_fused_tiles.cu", ("IKET=1",))
     assert "globaltimer" not in off and "iket_buffer" not in off
-    assert "globaltimer" in on and "iket_buffer" in on
+    assert "globaltimer" in on and "iket_buffer" in on and "iket_counts" in on   # the shares' counters
     assert "setmaxnreg.dec.sync.aligned.u32 64" in off and "setmaxnreg.inc.sync.aligned.u32 192" in off
+
+
+@needs_nvcc
+def test_roles_alone_builds(render_point, tmp_path):
+    """KDA_ALONE (benchmarks/kda_roles.py's builds): each role alone compiles; the prep alone
+    at the launch's 128 registers drops setmaxnreg and spills none, so it says what the prep
+    costs at registers it cannot have beside the walk; the default build is the candidate's."""
+    cand, _ = render_point("fused_tiles")
+    src = cand / "kda_fused_tiles.cu"
+    assert compile_ptx(src, ("KDA_ALONE=0",)) == compile_ptx(src)
+    prep = compile_ptx(src, ("KDA_ALONE=1",))
+    assert "setmaxnreg.dec.sync.aligned.u32 64" in prep and "wgmma" not in prep   # the walk's step left out
+    walk = compile_ptx(src, ("KDA_ALONE=3",))
+    assert "wgmma" in walk and "cp.async" not in walk and "ex2" not in walk       # the prep's loads and gate left out
+    full = compile_ptx(src, ("KDA_ALONE=2",))
+    assert "setmaxnreg" not in full
+    r = parse_ptxas(compile_cubin(src, tmp_path, ("KDA_ALONE=2",)), "kda_fused_kernel")
+    assert r.spill_stores == 0 and r.spill_loads == 0, r
