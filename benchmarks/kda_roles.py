@@ -35,10 +35,10 @@ def time_roles(family: str, params: dict, root: Path, data: dict, T: int, H: int
     sol = kda_kernels.load_solution(cand)
     fns, resources = {}, {}
     for name, alone in BUILDS.items():
-        _mod, kern, call = sol.build(data, 1, T, H, (f"KDA_ALONE={alone}",))
-        attrs = kern.attributes
+        built = sol.build(data, 1, T, H, (f"KDA_ALONE={alone}",))
+        attrs = built.kernels["kda_fused_kernel"].attributes
         resources[name] = {"registers": attrs["num_regs"], "local_bytes": attrs["local_size_bytes"]}
-        fns[name] = call
+        fns[name] = built.call
     ms = kda_kernels.time_alternating(fns, iters)
     chunks = -(-T // int(params.get("chunk", 64)))
     return {"candidate": cand.name,

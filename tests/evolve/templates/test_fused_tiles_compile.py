@@ -89,8 +89,26 @@ def test_roles_alone_builds(render_point, tmp_path):
     prep = compile_ptx(src, ("KDA_ALONE=1",))
     assert "setmaxnreg.dec.sync.aligned.u32 64" in prep and "wgmma" not in prep   # the walk's step left out
     walk = compile_ptx(src, ("KDA_ALONE=3",))
-    assert "wgmma" in walk and "cp.async" not in walk and "ex2" not in walk       # the prep's loads and gate left out
+    assert "wgmma" in walk and "cp.async.cg" not in walk and "ex2" not in walk    # the prep's loads and gate left out
     full = compile_ptx(src, ("KDA_ALONE=2",))
     assert "setmaxnreg" not in full
     r = parse_ptxas(compile_cubin(src, tmp_path, ("KDA_ALONE=2",)), "kda_fused_kernel")
     assert r.spill_stores == 0 and r.spill_loads == 0, r
+
+
+@needs_nvcc
+@pytest.mark.parametrize("overrides", [{"side_chunks": 3}, {"side_chunks": 2, "elementwise": "bf16x2", "w_gamma": "fragments",
+                                                           "t_bf16": "direct", "row_norms": "tensor_cores_once"}],
+                         ids=["side3", "side2_prep_ways"])
+def test_side_kernel_compiles(render_point, tmp_path, overrides):
+    """The side prep: three teams of 256 threads in one CTA an SM, so at most 85 registers a
+    thread (the launch's 768), its three work areas in dynamic shared memory, spills within the
+    bound; and side chunks are constrained to two ring slots without prefetch_inputs."""
+    cand, fam = render_point("fused_tiles", **overrides)
+    env = fam.environment({**fam.defaults, **overrides})
+    r = parse_ptxas(compile_cubin(cand / "kda_side_prep.cu", tmp_path), "kda_side_prep_kernel")
+    assert r.registers <= 65536 // 768, r
+    assert r.spill_stores <= 64 and r.spill_loads <= 64, r   # 8 and 12 bytes measured on the defaults' ways
+    assert r.static_smem == 0 and env["side_smem_bytes"] <= 227 * 1024
+    assert fam.check({**fam.defaults, "side_chunks": 3, "stages": 1})
+    assert fam.check({**fam.defaults, "side_chunks": 3, "stages": 1, "prefetch_inputs": 1})

@@ -41,11 +41,23 @@ PREFETCH = r"""
 #pragma once
 __device__ __forceinline__ void prefetch_l2(const void*) {}
 """
+# kda_side.cuh's hand-over: the side grid runs to its end before the fused grid starts, so a
+# flag that does not hold the epoch when a walk reads it is a chunk never prepared (or flagged
+# under the wrong index), not a race: the run fails
+SIDE = r"""
+inline void __threadfence() {}
+__device__ __forceinline__ void flag_release(unsigned* flag, unsigned value) { *flag = value; }
+__device__ __forceinline__ void flag_wait(const unsigned* flag, unsigned value) {
+    if (*flag != value) { std::fprintf(stderr, "a walk found a side chunk's flag at %u, not %u\n", *flag, value); std::abort(); }
+}
+"""
 
 HARNESS = r"""
+#include "kda_side_prep.cu"
 #include "kda_fused_tiles.cu"
 #include <vector>
 alignas(1024) unsigned char smem[fused::SMEM_BYTES];
+alignas(1024) unsigned char side_smem[side_team::TEAMS * side_team::SMEM_BYTES];
 constexpr int K = 128;
 """ + DRIVER + r"""
 int main(int argc, char** argv) {
@@ -56,9 +68,36 @@ int main(int argc, char** argv) {
     const size_t nalog = guard(alog), ndt = guard(dt), ninit = guard(init), nout = guard(out), nfin = guard(fin);
     const float scale = 1.f / std::sqrt((float)K);
     std::mt19937 rng(seed);
+    // The side kernel's scratch (NaN: a tile it never wrote poisons the walk's result) and
+    // flags, each with a canary tail; three side CTAs, so the teams take turns over the chunks.
+    const int NC = (T + 63) / 64;
+    const size_t blocks = (size_t)B * H * NC;
+    std::vector<bf16_t> sqg(blocks * 64 * K, 0xffff), sw(blocks * 64 * K, 0xffff), sut(blocks * 64 * K, 0xffff);
+    std::vector<bf16_t> skd(blocks * 64 * K, 0xffff), sp(blocks * 2560, 0xffff);
+    std::vector<float> sgc(blocks * K, NAN);
+    std::vector<unsigned> flags(blocks, 0u);
+    const size_t nsqg = guard(sqg), nsw = guard(sw), nsut = guard(sut), nskd = guard(skd), nsp = guard(sp);
+    const size_t nsgc = guard(sgc), nflags = guard(flags);
+    const unsigned epoch = 7;
+    if (SIDE_N) {
+        g_body = [&] {
+            kda_side_prep_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), T, H, B,
+                                 NC, SIDE_N, sqg.data(), sw.data(), sut.data(), sp.data(), skd.data(), sgc.data(),
+                                 flags.data(), epoch, scale);
+        };
+        g_wg_smem = side_smem;
+        g_wg_smem_bytes = sizeof side_smem;
+        int rc = run_grid({3u, 1u, 1u}, side_team::TEAMS * side_team::TEAM_THREADS, side_smem, sizeof side_smem, rng);
+        if (rc) return rc;
+    }
+    if (!(guard_intact(sqg, nsqg, "side qg") & guard_intact(sw, nsw, "side w") & guard_intact(sut, nsut, "side ut")
+          & guard_intact(skd, nskd, "side kd") & guard_intact(sp, nsp, "side p") & guard_intact(sgc, nsgc, "side gc")
+          & guard_intact(flags, nflags, "flags")))
+        return 6;
     g_body = [&] {
         kda_fused_kernel(q.data(), k.data(), v.data(), g.data(), beta.data(), alog.data(), dt.data(), init.data(),
-                         out.data(), fin.data(), T, H, scale);
+                         out.data(), fin.data(), T, H, scale, sqg.data(), sw.data(), sut.data(), sp.data(), skd.data(),
+                         sgc.data(), flags.data(), SIDE_N, epoch);
     };
     g_wg_smem = smem;
     g_wg_smem_bytes = sizeof smem;
@@ -95,10 +134,15 @@ def build(cand: Path, work: Path) -> Path:
     (work / "kda_roles.cuh").write_text(ROLES)
     assert "prefetch_l2" in (cand / "kda_prefetch.cuh").read_text()
     (work / "kda_prefetch.cuh").write_text(PREFETCH)
-    text = (cand / "kda_fused_tiles.cu").read_text()
-    assert "asm" not in re.sub(r"//.*", "", text), "a PTX primitive outside the headers"
-    shutil.copy(cand / "kda_fused_tiles.cu", work / "kda_fused_tiles.cu")
-    return compile_harness(work, HARNESS, "kda_fused_tiles_cpu")
+    side = _strip_functions((cand / "kda_side.cuh").read_text(), ["flag_release", "flag_wait"])
+    assert "asm" not in re.sub(r"//.*", "", side), "a PTX primitive was left in kda_side.cuh"
+    (work / "kda_side.cuh").write_text(side.replace("#pragma once", "#pragma once\n" + SIDE, 1))
+    for src in ("kda_fused_tiles.cu", "kda_side_prep.cu"):
+        text = (cand / src).read_text()
+        assert "asm" not in re.sub(r"//.*", "", text), f"{src}: a PTX primitive outside the headers"
+        shutil.copy(cand / src, work / src)
+    side_n = int(re.search(r"^SIDE = (\d+)", (cand / "solution.py").read_text(), re.M).group(1))
+    return compile_harness(work, f"constexpr int SIDE_N = {side_n};\n" + HARNESS, "kda_fused_tiles_cpu")
 
 
 def run(exe: Path, work: Path, B, T, H, seed, lag: tuple[int, int] | None = None) -> None:
@@ -120,11 +164,17 @@ POINTS = [
     ({"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"}, [(1, 200, 1, "saturated")]),
     ({"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "bf16x2",
       "row_norms": "cuda_cores", "walk_regs": 200}, [(2, 129, 1, "scored")]),
+    # side chunks: 2 (T = 129: one side chunk, the last), 5 (T = 321, cut short) of a head; two
+    # heads and two batches, so the side teams' turns cross heads and batches
+    ({"side_chunks": 3}, [(1, 65, 1, "scored"), (1, 129, 2, "saturated"), (2, 321, 2, "switch")]),
+    ({"side_chunks": 4, "out_store": "deferred", "l2_prefetch": 0}, [(1, 200, 1, "scored"), (2, 257, 1, "switch")]),
+    ({"side_chunks": 2, "elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct"}, [(1, 321, 2, "scored")]),
 ]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS,
-                         ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways"])
+                         ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways",
+                              "side3", "side4_deferred", "side2_prep_ways"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -139,9 +189,10 @@ def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
 # a prep warp (the walk, unthrottled, would read a slot before the prep has filled it).
 @pytest.mark.parametrize("overrides, lag", [({}, (9, 64)), ({}, (14, 256)), ({}, (3, 64)),
                                              ({"stages": 1, "prefetch_inputs": 1}, (12, 64)),
-                                             ({"stages": 1, "prefetch_inputs": 1}, (5, 64))],
+                                             ({"stages": 1, "prefetch_inputs": 1}, (5, 64)),
+                                             ({"side_chunks": 3}, (9, 64)), ({"side_chunks": 4}, (3, 64))],
                          ids=["walk_warp_9", "walk_warp_14", "prep_warp_3", "one_slot_walk_warp_12",
-                              "one_slot_prep_warp_5"])
+                              "one_slot_prep_warp_5", "side3_walk_warp_9", "side4_prep_warp_3"])
 def test_hand_over_with_one_role_behind(render_point, tmp_path, overrides, lag):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -154,11 +205,13 @@ def test_hand_over_with_one_role_behind(render_point, tmp_path, overrides, lag):
 PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise", "row_norms", "w_gamma", "t_bf16")
 
 
-@pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct"}],
-                         ids=["defaults", "bf16x2_fragments_direct"])
+@pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct"},
+                                       {"side_chunks": 3}],
+                         ids=["defaults", "bf16x2_fragments_direct", "side3"])
 def test_same_bits_as_two_pass(render_point, tmp_path, overrides):
     """The fused kernel runs the two_pass prep and walk sources on the same data: its output
-    and final state must be those of the two_pass point with the same ways, bit for bit."""
+    and final state must be those of the two_pass point with the same ways, bit for bit (with
+    side chunks too, whose tiles come through global scratch from the side kernel's prep)."""
     B, T, H, seed = 1, 150, 2, 11
     fused, fam = render_point("fused_tiles", **overrides)
     params = {**fam.defaults, **overrides}

@@ -1,0 +1,28 @@
+// The side prep's schedule and its hand-over. Of every 8 chunks of a head, `side` (0-4) are
+// prepared by a second kernel on the SMs the fused kernel leaves idle, into global scratch, and
+// flagged ready there; the fused kernel's walk copies each from scratch into its ring. The side
+// chunks are spread evenly (never two in a row) and chunk 0 is never one, so the walk's first
+// chunk waits for no other kernel.
+#pragma once
+
+// 1 where chunk c is the side kernel's: ((c + 1) side) / 8 - (c side) / 8
+__device__ __forceinline__ bool is_side_chunk(int c, int side) { return ((c + 1) * side) / 8 != (c * side) / 8; }
+// the chunk of side ordinal j (the j-th chunk c with is_side_chunk), and the side chunks of NC
+__device__ __forceinline__ int side_chunk(int j, int side) { return (8 * (j + 1) + side - 1) / side - 1; }
+__device__ __forceinline__ int side_chunks_of(int nc, int side) { return nc * side / 8; }
+
+// The producer's stores, made visible at GPU scope, then the flag (its release).
+__device__ __forceinline__ void flag_release(unsigned* flag, unsigned value) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" :: "l"(flag), "r"(value) : "memory");
+}
+// Spins until *flag holds `value` (the call's epoch), then orders this thread's later bulk
+// copies (the async proxy) after the stores the flag released.
+__device__ __forceinline__ void flag_wait(const unsigned* flag, unsigned value) {
+    for (;;) {
+        unsigned v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+        if (v == value) break;
+        __nanosleep(128);
+    }
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
