@@ -106,7 +106,7 @@ def test_matches_float64_recurrence(render_point, overrides, B, T):
 
 
 def test_iket_dump_matches_launch(render_point, tmp_path, monkeypatch):
-    cand, _ = render_point("two_pass", v_block=64, state_warps=4, state_step="cta", stages=2)
+    cand, _ = render_point("two_pass", **for_prep({"v_block": 64, "state_warps": 4, "state_step": "cta", "stages": 2}))
     monkeypatch.setenv("IKET", "1")
     monkeypatch.setenv("IKET_OUT", str(tmp_path))
     T, H = 130, 2

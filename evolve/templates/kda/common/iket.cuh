@@ -16,7 +16,7 @@
 
 #ifdef IKET
 #ifndef IKET_SHARDS
-#define IKET_SHARDS 64
+#define IKET_SHARDS 64   // iket_host.py passes its own count (SHARDS)
 #endif
 struct IketRecord {
     unsigned cta, warp, stage, seq;

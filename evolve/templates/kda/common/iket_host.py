@@ -27,6 +27,7 @@ except ImportError:  # reading dumped records needs no GPU
 HEADER_BYTES = 16
 RECORD_BYTES = 32
 ROOM = 1.5   # device records per record asked for: the shares fill unevenly
+SHARDS = 64  # the device's counters, passed to it as IKET_SHARDS (iket.cuh)
 
 
 def enabled() -> bool:
@@ -34,7 +35,7 @@ def enabled() -> bool:
 
 
 def defines() -> tuple[str, ...]:
-    return ("IKET=1",) if enabled() else ()
+    return ("IKET=1", f"IKET_SHARDS={SHARDS}") if enabled() else ()
 
 
 class IketTracer:
@@ -53,12 +54,11 @@ class IketTracer:
             "warp_roles": {str(k): v for k, v in warp_roles.items()},
             "chunk_stage": chunk_stage,
         }
-        counts = module.get_global("iket_counts")
-        self._counts = cupy.ndarray((counts.mem.size // 8,), cupy.uint64, counts)
-        shards = len(self._counts)
-        self.share = math.ceil(capacity * ROOM / shards)
-        self.buffer = cupy.zeros(HEADER_BYTES + RECORD_BYTES * self.share * shards, dtype=cupy.uint8)
-        self._header = cupy.asarray(numpy.array([self.share * shards, 0], dtype="<u8").view(numpy.uint8))
+        # the module was compiled with defines(): its IKET_SHARDS counters are SHARDS
+        self._counts = cupy.ndarray((SHARDS,), cupy.uint64, module.get_global("iket_counts"))
+        self.share = math.ceil(capacity * ROOM / SHARDS)
+        self.buffer = cupy.zeros(HEADER_BYTES + RECORD_BYTES * self.share * SHARDS, dtype=cupy.uint8)
+        self._header = cupy.asarray(numpy.array([self.share * SHARDS, 0], dtype="<u8").view(numpy.uint8))
         slot = module.get_global("iket_buffer")
         cupy.ndarray((1,), cupy.uint64, slot)[...] = self.buffer.data.ptr
         self.reset()
