@@ -157,16 +157,17 @@ def run(exe: Path, work: Path, B, T, H, seed, lag: tuple[int, int] | None = None
 CASES = [(1, 1, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "saturated"), (2, 70, 2, "switch")]
 POINTS = [
     ({}, CASES),
-    ({"stages": 1, "l2_prefetch": 0}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
-    ({"stages": 1, "prefetch_inputs": 1, "l2_prefetch": 1}, [(1, 1, 1, "scored"), (1, 200, 1, "saturated"),
+    ({"stages": 1, "side_chunks": 0, "l2_prefetch": 0}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({"stages": 1, "side_chunks": 0, "prefetch_inputs": 1, "l2_prefetch": 1}, [(1, 1, 1, "scored"), (1, 200, 1, "saturated"),
                                                             (2, 129, 2, "switch")]),
     ({"out_store": "deferred", "l2_prefetch": 1}, [(1, 129, 1, "scored"), (1, 1, 2, "scored"), (2, 70, 1, "switch")]),
     ({"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"}, [(1, 200, 1, "saturated")]),
     ({"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "bf16x2",
       "row_norms": "cuda_cores", "walk_regs": 200}, [(2, 129, 1, "scored")]),
-    # side chunks: 2 (T = 129: one side chunk, the last), 5 (T = 321, cut short) of a head; two
-    # heads and two batches, so the side teams' turns cross heads and batches
-    ({"side_chunks": 3}, [(1, 65, 1, "scored"), (1, 129, 2, "saturated"), (2, 321, 2, "switch")]),
+    # the defaults take 3 of 8 chunks from the side kernel (T = 129: chunk 2, the last); with
+    # none, the fused prep takes every chunk. The side points' side chunks: 2, 5 (T = 321, cut
+    # short), over two heads and two batches, so the side teams' turns cross heads and batches
+    ({"side_chunks": 0}, [(1, 65, 1, "scored"), (1, 129, 2, "saturated"), (2, 321, 2, "switch")]),
     ({"side_chunks": 4, "out_store": "deferred", "l2_prefetch": 0}, [(1, 200, 1, "scored"), (2, 257, 1, "switch")]),
     ({"side_chunks": 2, "elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct"}, [(1, 321, 2, "scored")]),
 ]
@@ -174,7 +175,7 @@ POINTS = [
 
 @pytest.mark.parametrize("overrides, cases", POINTS,
                          ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways",
-                              "side3", "side4_deferred", "side2_prep_ways"])
+                              "no_side", "side4_deferred", "side2_prep_ways"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -188,11 +189,11 @@ def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
 # runs one pass in 64 (the prep, unthrottled, would refill a slot the walk still reads), or
 # a prep warp (the walk, unthrottled, would read a slot before the prep has filled it).
 @pytest.mark.parametrize("overrides, lag", [({}, (9, 64)), ({}, (14, 256)), ({}, (3, 64)),
-                                             ({"stages": 1, "prefetch_inputs": 1}, (12, 64)),
-                                             ({"stages": 1, "prefetch_inputs": 1}, (5, 64)),
-                                             ({"side_chunks": 3}, (9, 64)), ({"side_chunks": 4}, (3, 64))],
+                                             ({"stages": 1, "side_chunks": 0, "prefetch_inputs": 1}, (12, 64)),
+                                             ({"stages": 1, "side_chunks": 0, "prefetch_inputs": 1}, (5, 64)),
+                                             ({"side_chunks": 0}, (9, 64)), ({"side_chunks": 4}, (3, 64))],
                          ids=["walk_warp_9", "walk_warp_14", "prep_warp_3", "one_slot_walk_warp_12",
-                              "one_slot_prep_warp_5", "side3_walk_warp_9", "side4_prep_warp_3"])
+                              "one_slot_prep_warp_5", "no_side_walk_warp_9", "side4_prep_warp_3"])
 def test_hand_over_with_one_role_behind(render_point, tmp_path, overrides, lag):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -206,8 +207,8 @@ PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise
 
 
 @pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct"},
-                                       {"side_chunks": 3}],
-                         ids=["defaults", "bf16x2_fragments_direct", "side3"])
+                                       {"side_chunks": 0}],
+                         ids=["defaults", "bf16x2_fragments_direct", "no_side"])
 def test_same_bits_as_two_pass(render_point, tmp_path, overrides):
     """The fused kernel runs the two_pass prep and walk sources on the same data: its output
     and final state must be those of the two_pass point with the same ways, bit for bit (with

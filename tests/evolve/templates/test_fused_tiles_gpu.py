@@ -18,12 +18,12 @@ cupy = cupy_or_skip()
 from .test_fused_gpu import (REGIMES, _poison_and_call, _solution, bench, check_against_float64,  # noqa: E402,F401
                              check_regime, iket_host, kda_launch)
 
-POINTS = [{}, {"stages": 1, "prefetch_inputs": 1, "l2_prefetch": 1}, {"out_store": "deferred", "walk_regs": 200, "l2_prefetch": 0},
+POINTS = [{}, {"stages": 1, "side_chunks": 0, "prefetch_inputs": 1, "l2_prefetch": 1}, {"out_store": "deferred", "walk_regs": 200, "l2_prefetch": 0},
           {"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"},
           {"diag_inverse": "after_blocks", "inverse_products": "fp32", "elementwise": "bf16x2", "row_norms": "cuda_cores"},
-          {"side_chunks": 3}, {"side_chunks": 4, "out_store": "deferred", "elementwise": "bf16x2"}]
+          {"side_chunks": 0}, {"side_chunks": 4, "out_store": "deferred", "elementwise": "bf16x2"}]
 IDS = ["defaults", "stages1_prefetch", "deferred_w200_no_l2_prefetch", "new_prep_ways", "other_prep_ways",
-       "side3", "side4_deferred_bf16x2"]
+       "no_side", "side4_deferred_bf16x2"]
 PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise", "row_norms", "w_gamma", "t_bf16")
 
 
@@ -33,15 +33,15 @@ def test_matches_float64_recurrence(render_point, overrides, B, T):
     check_against_float64(render_point("fused_tiles", **overrides)[0], B, T)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"side_chunks": 3}], ids=["defaults", "side3"])
+@pytest.mark.parametrize("overrides", [{}, {"side_chunks": 0}], ids=["defaults", "no_side"])
 @pytest.mark.parametrize("regime", REGIMES)
 def test_moderate_shape_against_fp32_reference(render_point, bench, regime, overrides):  # noqa: F811 (bench: the fixture)
     check_regime(render_point("fused_tiles", **overrides)[0], bench, regime)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"w_gamma": "fragments", "t_bf16": "direct", "elementwise": "bf16x2"},
-                                       {"side_chunks": 3}],
-                         ids=["defaults", "fragments_direct_bf16x2", "side3"])
+                                       {"side_chunks": 0}],
+                         ids=["defaults", "fragments_direct_bf16x2", "no_side"])
 def test_same_bits_as_two_pass(render_point, overrides):
     """The same prep and walk sources, handed over in shared memory instead of global memory."""
     B, T, H = 1, 777, 4
@@ -56,7 +56,7 @@ def test_same_bits_as_two_pass(render_point, overrides):
 
 
 def test_iket_dump_matches_launch(render_point, tmp_path, monkeypatch):
-    cand, _ = render_point("fused_tiles")
+    cand, _ = render_point("fused_tiles", side_chunks=0)   # the fused prep's records for every chunk
     monkeypatch.setenv("IKET", "1")
     monkeypatch.setenv("IKET_OUT", str(tmp_path))
     T, H = 130, 2
