@@ -7,10 +7,10 @@ more); the walk alone (the prep hands over slots it never fills). A role's perio
 time over the chunks; the kernel's is near the slower role's. Timing as kda_kernels.py's
 (CUDA events, an L2 flush before each call, the builds alternated, the median), with the
 registers and local memory of each build as the driver reports them. With side chunks
-(side_chunks > 0) the side kernel runs beside every build: the prep alone is then the fused
+(side_sixteenths > 0) the side kernel runs beside every build: the prep alone is then the fused
 kernel's prep over its own chunks, and the walk alone still waits for the side chunks.
 
-    python3 benchmarks/kda_roles.py --config fused_tiles:side_chunks=0 --config fused_tiles:side_chunks=0,elementwise=bf16x2 --out roles.json
+    python3 benchmarks/kda_roles.py --config fused_tiles:side_sixteenths=0 --config fused_tiles:side_sixteenths=0,elementwise=bf16x2 --out roles.json
 
 Prints a line on stderr as each configuration is timed and rewrites --out after each, so a
 run stopped by a time limit keeps what it has.

@@ -157,25 +157,35 @@ def run(exe: Path, work: Path, B, T, H, seed, lag: tuple[int, int] | None = None
 CASES = [(1, 1, 1, "scored"), (1, 65, 1, "scored"), (1, 129, 1, "saturated"), (2, 70, 2, "switch")]
 POINTS = [
     ({}, CASES),
-    ({"stages": 1, "side_chunks": 0, "l2_prefetch": 0}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
-    ({"stages": 1, "side_chunks": 0, "prefetch_inputs": 1, "l2_prefetch": 1}, [(1, 1, 1, "scored"), (1, 200, 1, "saturated"),
+    ({"stages": 1, "side_sixteenths": 0, "l2_prefetch": 0}, [(1, 129, 1, "scored"), (2, 65, 1, "switch")]),
+    ({"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "l2_prefetch": 1, "w_u_in_slot": 0, "early_qk": 0}, [(1, 1, 1, "scored"), (1, 200, 1, "saturated"),
                                                             (2, 129, 2, "switch")]),
     ({"out_store": "deferred", "l2_prefetch": 1}, [(1, 129, 1, "scored"), (1, 1, 2, "scored"), (2, 70, 1, "switch")]),
-    ({"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"}, [(1, 200, 1, "saturated")]),
+    ({"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once", "w_u_in_slot": 0, "early_qk": 0}, [(1, 200, 1, "saturated")]),
     ({"diag_inverse": "after_blocks", "inverse_products": "fp32", "flush_denormals": 0, "elementwise": "bf16x2",
       "row_norms": "cuda_cores", "walk_regs": 200}, [(2, 129, 1, "scored")]),
-    # the defaults take 3 of 8 chunks from the side kernel (T = 129: chunk 2, the last); with
+    # the defaults take 6 of 16 chunks from the side kernel (T = 129: chunk 2, the last); with
     # none, the fused prep takes every chunk. The side points' side chunks: 2, 5 (T = 321, cut
     # short), over two heads and two batches, so the side teams' turns cross heads and batches
-    ({"side_chunks": 0}, [(1, 65, 1, "scored"), (1, 129, 2, "saturated"), (2, 321, 2, "switch")]),
-    ({"side_chunks": 4, "out_store": "deferred", "l2_prefetch": 0}, [(1, 200, 1, "scored"), (2, 257, 1, "switch")]),
-    ({"side_chunks": 2, "elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct"}, [(1, 321, 2, "scored")]),
+    ({"side_sixteenths": 0}, [(1, 65, 1, "scored"), (1, 129, 2, "saturated"), (2, 321, 2, "switch")]),
+    ({"side_sixteenths": 8, "out_store": "deferred", "l2_prefetch": 0}, [(1, 200, 1, "scored"), (2, 257, 1, "switch")]),
+    ({"side_sixteenths": 4, "elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct", "w_u_in_slot": 0, "early_qk": 0},
+     [(1, 321, 2, "scored")]),
+    # the defaults write w and ut over their operands in the slot and take the next chunk's q and
+    # k early (past a side chunk, and none after the last); without early_qk; the staged way
+    ({"early_qk": 0}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
+    ({"w_u_in_slot": 0, "early_qk": 0}, CASES + [(1, 321, 1, "scored")]),
+    ({"side_sixteenths": 0, "elementwise": "bf16x2", "t_bf16": "direct"}, [(1, 200, 1, "saturated"), (2, 129, 2, "switch")]),
+    # sixteenths that no eighth gives: 5 (side chunks 3, 6, 9, ...) and 7 (2, 4, 6, 9, ...)
+    ({"side_sixteenths": 5}, [(1, 640, 2, "scored"), (2, 200, 1, "switch")]),
+    ({"side_sixteenths": 7, "w_u_in_slot": 0, "early_qk": 0}, [(1, 640, 1, "scored")]),
 ]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS,
                          ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways",
-                              "no_side", "side4_deferred", "side2_prep_ways"])
+                              "no_side", "side8_deferred", "side4_prep_ways", "no_early_qk", "staged", "no_side_bf16x2_direct",
+                              "side5", "side7_staged"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -189,11 +199,13 @@ def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
 # runs one pass in 64 (the prep, unthrottled, would refill a slot the walk still reads), or
 # a prep warp (the walk, unthrottled, would read a slot before the prep has filled it).
 @pytest.mark.parametrize("overrides, lag", [({}, (9, 64)), ({}, (14, 256)), ({}, (3, 64)),
-                                             ({"stages": 1, "side_chunks": 0, "prefetch_inputs": 1}, (12, 64)),
-                                             ({"stages": 1, "side_chunks": 0, "prefetch_inputs": 1}, (5, 64)),
-                                             ({"side_chunks": 0}, (9, 64)), ({"side_chunks": 4}, (3, 64))],
+                                             ({"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "w_u_in_slot": 0, "early_qk": 0}, (12, 64)),
+                                             ({"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "w_u_in_slot": 0, "early_qk": 0}, (5, 64)),
+                                             ({"side_sixteenths": 0}, (9, 64)), ({"side_sixteenths": 8}, (3, 64)),
+                                             ({"w_u_in_slot": 0, "early_qk": 0}, (3, 64)), ({"side_sixteenths": 0}, (5, 64))],
                          ids=["walk_warp_9", "walk_warp_14", "prep_warp_3", "one_slot_walk_warp_12",
-                              "one_slot_prep_warp_5", "no_side_walk_warp_9", "side4_prep_warp_3"])
+                              "one_slot_prep_warp_5", "no_side_walk_warp_9", "side8_prep_warp_3",
+                              "staged_prep_warp_3", "no_side_prep_warp_5"])
 def test_hand_over_with_one_role_behind(render_point, tmp_path, overrides, lag):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -206,9 +218,10 @@ def test_hand_over_with_one_role_behind(render_point, tmp_path, overrides, lag):
 PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise", "row_norms", "w_gamma", "t_bf16")
 
 
-@pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct"},
-                                       {"side_chunks": 0}],
-                         ids=["defaults", "bf16x2_fragments_direct", "no_side"])
+@pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct", "w_u_in_slot": 0, "early_qk": 0},
+                                       {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0},
+                                       {"early_qk": 0, "elementwise": "bf16x2", "t_bf16": "direct", "side_sixteenths": 0}],
+                         ids=["defaults", "bf16x2_fragments_direct_staged", "no_side", "staged", "no_early_qk_bf16x2_no_side"])
 def test_same_bits_as_two_pass(render_point, tmp_path, overrides):
     """The fused kernel runs the two_pass prep and walk sources on the same data: its output
     and final state must be those of the two_pass point with the same ways, bit for bit (with

@@ -18,12 +18,13 @@ cupy = cupy_or_skip()
 from .test_fused_gpu import (REGIMES, _poison_and_call, _solution, bench, check_against_float64,  # noqa: E402,F401
                              check_regime, iket_host, kda_launch)
 
-POINTS = [{}, {"stages": 1, "side_chunks": 0, "prefetch_inputs": 1, "l2_prefetch": 1}, {"out_store": "deferred", "walk_regs": 200, "l2_prefetch": 0},
-          {"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once"},
+POINTS = [{}, {"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "l2_prefetch": 1, "w_u_in_slot": 0, "early_qk": 0}, {"out_store": "deferred", "walk_regs": 200, "l2_prefetch": 0},
+          {"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once", "w_u_in_slot": 0, "early_qk": 0},
           {"diag_inverse": "after_blocks", "inverse_products": "fp32", "elementwise": "bf16x2", "row_norms": "cuda_cores"},
-          {"side_chunks": 0}, {"side_chunks": 4, "out_store": "deferred", "elementwise": "bf16x2"}]
+          {"side_sixteenths": 0}, {"side_sixteenths": 8, "out_store": "deferred", "elementwise": "bf16x2"},
+          {"early_qk": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_sixteenths": 0, "t_bf16": "direct"}]
 IDS = ["defaults", "stages1_prefetch", "deferred_w200_no_l2_prefetch", "new_prep_ways", "other_prep_ways",
-       "no_side", "side4_deferred_bf16x2"]
+       "no_side", "side4_deferred_bf16x2", "no_early_qk", "staged", "no_side_direct"]
 PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise", "row_norms", "w_gamma", "t_bf16")
 
 
@@ -33,15 +34,16 @@ def test_matches_float64_recurrence(render_point, overrides, B, T):
     check_against_float64(render_point("fused_tiles", **overrides)[0], B, T)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"side_chunks": 0}], ids=["defaults", "no_side"])
+@pytest.mark.parametrize("overrides", [{}, {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0}],
+                         ids=["defaults", "no_side", "staged"])
 @pytest.mark.parametrize("regime", REGIMES)
 def test_moderate_shape_against_fp32_reference(render_point, bench, regime, overrides):  # noqa: F811 (bench: the fixture)
     check_regime(render_point("fused_tiles", **overrides)[0], bench, regime)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"w_gamma": "fragments", "t_bf16": "direct", "elementwise": "bf16x2"},
-                                       {"side_chunks": 0}],
-                         ids=["defaults", "fragments_direct_bf16x2", "no_side"])
+@pytest.mark.parametrize("overrides", [{}, {"w_gamma": "fragments", "t_bf16": "direct", "elementwise": "bf16x2", "w_u_in_slot": 0, "early_qk": 0},
+                                       {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0}],
+                         ids=["defaults", "fragments_direct_bf16x2_staged", "no_side", "staged"])
 def test_same_bits_as_two_pass(render_point, overrides):
     """The same prep and walk sources, handed over in shared memory instead of global memory."""
     B, T, H = 1, 777, 4
@@ -56,7 +58,7 @@ def test_same_bits_as_two_pass(render_point, overrides):
 
 
 def test_iket_dump_matches_launch(render_point, tmp_path, monkeypatch):
-    cand, _ = render_point("fused_tiles", side_chunks=0)   # the fused prep's records for every chunk
+    cand, _ = render_point("fused_tiles", side_sixteenths=0)   # the fused prep's records for every chunk
     monkeypatch.setenv("IKET", "1")
     monkeypatch.setenv("IKET_OUT", str(tmp_path))
     T, H = 130, 2
@@ -81,7 +83,7 @@ def test_side_kernel_runs_beside_the_fused_one(render_point, tmp_path, monkeypat
     """At the scored shape's width (96 heads: 36 SMs idle) the side kernel's prep and the fused
     kernel's overlap in time (IKET's clock): the two launches are not serialised, and the
     walks get side chunks while the fused kernel's prep works."""
-    cand, _ = render_point("fused_tiles", side_chunks=3)
+    cand, _ = render_point("fused_tiles", side_sixteenths=6)
     monkeypatch.setenv("IKET", "1")
     monkeypatch.setenv("IKET_OUT", str(tmp_path))
     monkeypatch.setenv("IKET_CAPACITY", str(1 << 20))
@@ -92,7 +94,7 @@ def test_side_kernel_runs_beside_the_fused_one(render_point, tmp_path, monkeypat
     fused = iket_host.read_records(tmp_path / "kda_fused_kernel.iket.bin")
     side = iket_host.read_records(tmp_path / "kda_side_prep_kernel.iket.bin")
     chunks = -(-T // 64)
-    assert len(side) == B * H * (chunks * 3 // 8) * 8 * 5   # every side chunk, 8 warps a team, 5 stages
-    assert set(np.unique(side["seq"])) <= {c for c in range(chunks) if (c + 1) * 3 // 8 != c * 3 // 8}
+    assert len(side) == B * H * (chunks * 6 // 16) * 8 * 5   # every side chunk, 8 warps a team, 5 stages
+    assert set(np.unique(side["seq"])) <= {c for c in range(chunks) if (c + 1) * 6 // 16 != c * 6 // 16}
     overlap = min(fused["end_ns"].max(), side["end_ns"].max()) - max(fused["start_ns"].min(), side["start_ns"].min())
     assert overlap > 0.5 * (side["end_ns"].max() - side["start_ns"].min()), overlap

@@ -1,15 +1,15 @@
-// The side prep's schedule and its hand-over. Of every 8 chunks of a head, `side` (0-4) are
+// The side prep's schedule and its hand-over. Of every 16 chunks of a head, `side` (0-8) are
 // prepared by a second kernel on the SMs the fused kernel leaves idle, into global scratch, and
 // flagged ready there; the fused kernel's walk copies each from scratch into its ring. The side
 // chunks are spread evenly (never two in a row) and chunk 0 is never one, so the walk's first
 // chunk waits for no other kernel.
 #pragma once
 
-// 1 where chunk c is the side kernel's: ((c + 1) side) / 8 - (c side) / 8
-__device__ __forceinline__ bool is_side_chunk(int c, int side) { return ((c + 1) * side) / 8 != (c * side) / 8; }
+// 1 where chunk c is the side kernel's: ((c + 1) side) / 16 - (c side) / 16
+__device__ __forceinline__ bool is_side_chunk(int c, int side) { return ((c + 1) * side) / 16 != (c * side) / 16; }
 // the chunk of side ordinal j (the j-th chunk c with is_side_chunk), and the side chunks of NC
-__device__ __forceinline__ int side_chunk(int j, int side) { return (8 * (j + 1) + side - 1) / side - 1; }
-__device__ __forceinline__ int side_chunks_of(int nc, int side) { return nc * side / 8; }
+__device__ __forceinline__ int side_chunk(int j, int side) { return (16 * (j + 1) + side - 1) / side - 1; }
+__device__ __forceinline__ int side_chunks_of(int nc, int side) { return nc * side / 16; }
 
 // The producer's stores, made visible at GPU scope, then the flag (its release).
 __device__ __forceinline__ void flag_release(unsigned* flag, unsigned value) {
