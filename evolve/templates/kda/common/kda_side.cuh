@@ -10,6 +10,8 @@ __device__ __forceinline__ bool is_side_chunk(int c, int side) { return ((c + 1)
 // the chunk of side ordinal j (the j-th chunk c with is_side_chunk), and the side chunks of NC
 __device__ __forceinline__ int side_chunk(int j, int side) { return (16 * (j + 1) + side - 1) / side - 1; }
 __device__ __forceinline__ int side_chunks_of(int nc, int side) { return nc * side / 16; }
+// the chunk after c that the fused prep takes (side chunks never come two in a row)
+__device__ __forceinline__ int next_prep_chunk(int c, int side) { return is_side_chunk(c + 1, side) ? c + 2 : c + 1; }
 
 // The producer's stores, made visible at GPU scope, then the flag (its release).
 __device__ __forceinline__ void flag_release(unsigned* flag, unsigned value) {
