@@ -88,6 +88,23 @@ def compile_cubin(source: Path, out_dir: Path, defines: tuple[str, ...] = ()) ->
     return res.stdout + res.stderr
 
 
+def text_bytes(cubin: Path, kernel: str) -> int:
+    """Bytes of `kernel`'s machine code in a cubin (its `.text.<kernel>` section), read from the
+    ELF64 section headers: what the SMs fetch as instructions."""
+    import struct
+
+    data = cubin.read_bytes()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = sections[shstrndx][4]                         # sh_offset of the section-name table
+    for name_off, _type, _flags, _addr, _off, size, *_ in sections:
+        end = data.index(b"\0", names + name_off)
+        if data[names + name_off:end].decode() == f".text.{kernel}":
+            return size
+    raise KeyError(f"no .text.{kernel} in {cubin}")
+
+
 def compile_ptx(source: Path, defines: tuple[str, ...] = ()) -> str:
     out = source.with_suffix(".ptx")
     cmd = [NVCC, ARCH, "-ptx", "-std=c++17", *(f"-D{d}" for d in defines), "-o", str(out), str(source)]

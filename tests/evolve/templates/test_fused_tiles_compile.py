@@ -41,6 +41,7 @@ def test_space_and_defaults():
     ({"chunk": 32}, "chunk"),
     ({"w_u_in_slot": 0}, "w_u_in_slot = 1"),        # early_qk (a default) needs the tiles w_u no longer reads
     ({"w_gamma": "fragments"}, "w_gamma's two ways one"),
+    ({"side_poll": 1, "side_sixteenths": 0}, "side_sixteenths > 0"),
 ])
 def test_constraints_reject(overrides, message):
     fam = _family()
@@ -95,6 +96,8 @@ def test_roles_alone_builds(render_point, tmp_path):
     assert "wgmma" in walk and "cp.async.cg" not in walk and "ex2" not in walk    # the prep's loads and gate left out
     full = compile_ptx(src, ("KDA_ALONE=2",))
     assert "setmaxnreg" not in full
+    side = compile_ptx(src, ("KDA_ALONE=4",))   # the side kernel alone: the fused CTAs return at once
+    assert "wgmma" not in side and "cp.async.cg" not in side and "bar.sync" not in side
     r = parse_ptxas(compile_cubin(src, tmp_path, ("KDA_ALONE=2",)), "kda_fused_kernel")
     assert r.spill_stores == 0 and r.spill_loads == 0, r
 
@@ -130,3 +133,15 @@ def test_w_u_in_slot_spills_less(render_point, tmp_path):
         r = parse_ptxas(compile_cubin(cand / "kda_fused_tiles.cu", tmp_path / str(slot)), "kda_fused_kernel")
         spills[slot] = r.spill_stores + r.spill_loads
     assert spills[1] <= 128 and 3 * spills[1] < spills[0], spills
+
+
+@needs_nvcc
+def test_side_poll_waits_after_the_step(render_point):
+    """side_poll: the walk tests the next side chunk's flag once before a chunk's step (no spin
+    there) and spins only where it was unset, after the step; without it, one spin before."""
+    polled = compile_ptx(render_point("fused_tiles", side_poll=1)[0] / "kda_fused_tiles.cu")
+    spun = compile_ptx(render_point("fused_tiles", side_poll=0)[0] / "kda_fused_tiles.cu")
+    acquire, fence = "ld.acquire.gpu.global.u32", "fence.proxy.async.global"
+    assert polled.count(acquire) == spun.count(acquire) + 1   # the test, and the spin (its first load peeled)
+    assert polled.count(fence) == spun.count(fence) + 1
+    assert polled.count("nanosleep") == spun.count("nanosleep") == 1   # one spin loop still

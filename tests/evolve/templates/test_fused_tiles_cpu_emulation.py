@@ -50,6 +50,13 @@ __device__ __forceinline__ void flag_release(unsigned* flag, unsigned value) { *
 __device__ __forceinline__ void flag_wait(const unsigned* flag, unsigned value) {
     if (*flag != value) { std::fprintf(stderr, "a walk found a side chunk's flag at %u, not %u\n", *flag, value); std::abort(); }
 }
+// side_poll's test reports every other flag unset, so the walk's late copy (after its step) runs too
+static unsigned flag_tests = 0;
+__device__ __forceinline__ bool flag_test(const unsigned* flag, unsigned value) {
+    if (++flag_tests & 1) return false;
+    flag_wait(flag, value);
+    return true;
+}
 """
 
 HARNESS = r"""
@@ -134,7 +141,7 @@ def build(cand: Path, work: Path) -> Path:
     (work / "kda_roles.cuh").write_text(ROLES)
     assert "prefetch_l2" in (cand / "kda_prefetch.cuh").read_text()
     (work / "kda_prefetch.cuh").write_text(PREFETCH)
-    side = _strip_functions((cand / "kda_side.cuh").read_text(), ["flag_release", "flag_wait"])
+    side = _strip_functions((cand / "kda_side.cuh").read_text(), ["flag_release", "flag_test", "flag_wait"])
     assert "asm" not in re.sub(r"//.*", "", side), "a PTX primitive was left in kda_side.cuh"
     (work / "kda_side.cuh").write_text(side.replace("#pragma once", "#pragma once\n" + SIDE, 1))
     for src in ("kda_fused_tiles.cu", "kda_side_prep.cu"):
@@ -179,13 +186,16 @@ POINTS = [
     # sixteenths that no eighth gives: 5 (side chunks 3, 6, 9, ...) and 7 (2, 4, 6, 9, ...)
     ({"side_sixteenths": 5}, [(1, 640, 2, "scored"), (2, 200, 1, "switch")]),
     ({"side_sixteenths": 7, "w_u_in_slot": 0, "early_qk": 0}, [(1, 640, 1, "scored")]),
+    # side_poll: every other side chunk's flag reads unset as the chunk before it begins, so its
+    # copy is issued after that chunk's step
+    ({"side_poll": 1, "side_sixteenths": 5}, [(1, 640, 1, "scored"), (2, 200, 1, "switch")]),
 ]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS,
                          ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways",
                               "no_side", "side8_deferred", "side4_prep_ways", "no_early_qk", "staged", "no_side_bf16x2_direct",
-                              "side5", "side7_staged"])
+                              "side5", "side7_staged", "side5_poll"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -202,10 +212,11 @@ def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
                                              ({"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "w_u_in_slot": 0, "early_qk": 0}, (12, 64)),
                                              ({"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "w_u_in_slot": 0, "early_qk": 0}, (5, 64)),
                                              ({"side_sixteenths": 0}, (9, 64)), ({"side_sixteenths": 8}, (3, 64)),
-                                             ({"w_u_in_slot": 0, "early_qk": 0}, (3, 64)), ({"side_sixteenths": 0}, (5, 64))],
+                                             ({"w_u_in_slot": 0, "early_qk": 0}, (3, 64)), ({"side_sixteenths": 0}, (5, 64)),
+                                             ({"side_poll": 1}, (9, 64)), ({"side_poll": 1}, (3, 64))],
                          ids=["walk_warp_9", "walk_warp_14", "prep_warp_3", "one_slot_walk_warp_12",
                               "one_slot_prep_warp_5", "no_side_walk_warp_9", "side8_prep_warp_3",
-                              "staged_prep_warp_3", "no_side_prep_warp_5"])
+                              "staged_prep_warp_3", "no_side_prep_warp_5", "side_poll_walk_warp_9", "side_poll_prep_warp_3"])
 def test_hand_over_with_one_role_behind(render_point, tmp_path, overrides, lag):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -220,8 +231,10 @@ PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise
 
 @pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct", "w_u_in_slot": 0, "early_qk": 0},
                                        {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0},
-                                       {"early_qk": 0, "elementwise": "bf16x2", "t_bf16": "direct", "side_sixteenths": 0}],
-                         ids=["defaults", "bf16x2_fragments_direct_staged", "no_side", "staged", "no_early_qk_bf16x2_no_side"])
+                                       {"early_qk": 0, "elementwise": "bf16x2", "t_bf16": "direct", "side_sixteenths": 0},
+                                       {"side_poll": 1}],
+                         ids=["defaults", "bf16x2_fragments_direct_staged", "no_side", "staged", "no_early_qk_bf16x2_no_side",
+                              "side_poll"])
 def test_same_bits_as_two_pass(render_point, tmp_path, overrides):
     """The fused kernel runs the two_pass prep and walk sources on the same data: its output
     and final state must be those of the two_pass point with the same ways, bit for bit (with

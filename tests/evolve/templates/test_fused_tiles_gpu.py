@@ -5,6 +5,9 @@ match the launch. Skipped without a GPU."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +25,13 @@ POINTS = [{}, {"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "l2_pref
           {"w_gamma": "fragments", "t_bf16": "direct", "row_norms": "tensor_cores_once", "w_u_in_slot": 0, "early_qk": 0},
           {"diag_inverse": "after_blocks", "inverse_products": "fp32", "elementwise": "bf16x2", "row_norms": "cuda_cores"},
           {"side_sixteenths": 0}, {"side_sixteenths": 8, "out_store": "deferred", "elementwise": "bf16x2"},
-          {"early_qk": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_sixteenths": 0, "t_bf16": "direct"}]
+          {"early_qk": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_sixteenths": 0, "t_bf16": "direct"},
+          {"side_poll": 1, "side_sixteenths": 5}]
 IDS = ["defaults", "stages1_prefetch", "deferred_w200_no_l2_prefetch", "new_prep_ways", "other_prep_ways",
-       "no_side", "side4_deferred_bf16x2", "no_early_qk", "staged", "no_side_direct"]
+       "no_side", "side4_deferred_bf16x2", "no_early_qk", "staged", "no_side_direct", "side5_poll"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+import kda_timeline  # noqa: E402
+
 PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise", "row_norms", "w_gamma", "t_bf16")
 
 
@@ -42,8 +49,8 @@ def test_moderate_shape_against_fp32_reference(render_point, bench, regime, over
 
 
 @pytest.mark.parametrize("overrides", [{}, {"w_gamma": "fragments", "t_bf16": "direct", "elementwise": "bf16x2", "w_u_in_slot": 0, "early_qk": 0},
-                                       {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0}],
-                         ids=["defaults", "fragments_direct_bf16x2_staged", "no_side", "staged"])
+                                       {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_poll": 1}],
+                         ids=["defaults", "fragments_direct_bf16x2_staged", "no_side", "staged", "side_poll"])
 def test_same_bits_as_two_pass(render_point, overrides):
     """The same prep and walk sources, handed over in shared memory instead of global memory."""
     B, T, H = 1, 777, 4
@@ -98,3 +105,43 @@ def test_side_kernel_runs_beside_the_fused_one(render_point, tmp_path, monkeypat
     assert set(np.unique(side["seq"])) <= {c for c in range(chunks) if (c + 1) * 6 // 16 != c * 6 // 16}
     overlap = min(fused["end_ns"].max(), side["end_ns"].max()) - max(fused["start_ns"].min(), side["start_ns"].min())
     assert overlap > 0.5 * (side["end_ns"].max() - side["start_ns"].min()), overlap
+    # benchmarks/kda_timeline.py finds every side chunk's head and the walk's ask for it
+    timeline = kda_timeline.analyse(tmp_path, heads=B * H)
+    assert timeline["side_flag_minus_ask"]["n"] == B * H * (chunks * 6 // 16)
+    assert timeline["walk_wait_side_chunks"]["n"] == B * H * (chunks * 6 // 16)
+
+
+ROLES_SCRIPT = '''
+import importlib.util, sys
+import cupy
+spec = importlib.util.spec_from_file_location("sol", sys.argv[1] + "/solution.py")
+sol = importlib.util.module_from_spec(spec); spec.loader.exec_module(sol)
+data = sol.launch.random_inputs(1, 2048, 96, seed=3)
+for alone in (1, 2, 3, 4):
+    sol.build(data, 1, 2048, 96, (f"KDA_ALONE={alone}",)).call()
+    cupy.cuda.get_current_stream().synchronize()
+    print("finished", alone, flush=True)
+'''
+
+
+def test_roles_alone_finish_beside_side_chunks(render_point):
+    """benchmarks/kda_roles.py's builds with side chunks (96 heads: the side kernel runs): each
+    role alone finishes. The prep alone once deadlocked here, its walk handing back no slot of
+    a side chunk; a child process, so a hang fails the test instead of stopping the run."""
+    cand, _ = render_point("fused_tiles", side_sixteenths=6)
+    run = subprocess.run([sys.executable, "-c", ROLES_SCRIPT, str(cand)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == "finished 1 finished 2 finished 3 finished 4".split()
+
+
+def test_neighbours_benchmark_runs(tmp_path):
+    """benchmarks/kda_neighbours.py at a short length: every neighbour calibrated and run beside
+    the candidate, the report written."""
+    import kda_neighbours
+    out = tmp_path / "n.json"
+    assert kda_neighbours.main(["--config", "fused_tiles:side_sixteenths=0", "--T", "512", "--iters", "2",
+                                "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["neighbour_ms_alone"]) == set(kda_neighbours.NEIGHBOURS)
+    ms = report["rows"][0]["ms"]
+    assert set(ms) == {"alone", *kda_neighbours.NEIGHBOURS} and all(v["median_ms"] > 0 for v in ms.values())

@@ -17,14 +17,16 @@ __device__ __forceinline__ int next_prep_chunk(int c, int side) { return is_side
 __device__ __forceinline__ void flag_release(unsigned* flag, unsigned value) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;\n" :: "l"(flag), "r"(value) : "memory");
 }
-// Spins until *flag holds `value` (the call's epoch), then orders this thread's later bulk
-// copies (the async proxy) after the stores the flag released.
-__device__ __forceinline__ void flag_wait(const unsigned* flag, unsigned value) {
-    for (;;) {
-        unsigned v;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
-        if (v == value) break;
-        __nanosleep(128);
-    }
+// Whether *flag holds `value` now (one acquiring load); if so, this thread's later bulk copies
+// are ordered after the stores the flag released, as by flag_wait.
+__device__ __forceinline__ bool flag_test(const unsigned* flag, unsigned value) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+    if (v != value) return false;
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    return true;
+}
+// Spins until *flag holds `value` (the call's epoch), then orders as flag_test.
+__device__ __forceinline__ void flag_wait(const unsigned* flag, unsigned value) {
+    while (!flag_test(flag, value)) __nanosleep(128);
 }
