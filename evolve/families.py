@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +188,15 @@ class Family:
             except ExpressionError as exc:
                 raise ParamsError(self.name, [f"derived {name!r}: {exc}"]) from None
         return env
+
+    def parameters_behind(self, names: Iterable[str]) -> set[str]:
+        """The parameters that `names` (parameters or derived values) depend on, directly or
+        through derived values: points that agree on them agree on every one of `names`. Other
+        names (a template's own variables) depend on none."""
+        reads: dict[str, set[str]] = {}
+        for name, expr in self._derived:   # in order: a derived value reads only earlier ones
+            reads[name] = set().union(*({n} if n in self.parameters else reads.get(n, set()) for n in expr.names))
+        return set().union(*({n} if n in self.parameters else reads.get(n, set()) for n in names))
 
     def constraint_failures(self, params: Mapping[str, Any]) -> list[ConstraintFailure]:
         env = self.environment(params)

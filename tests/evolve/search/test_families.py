@@ -61,6 +61,18 @@ def test_toy_family_loads_with_derived_and_constraints(toy_family):
     assert all(fam.admits(p) for p in points)
 
 
+def test_parameters_behind_follow_derived_values(toy_family):
+    fam = load_family(toy_family)
+    assert fam.parameters_behind(["smem"]) == {"block", "tile"}
+    assert fam.parameters_behind(["wide", "tile", "loop_var"]) == {"block", "mode", "tile"}
+    assert fam.parameters_behind([]) == set()
+    # two points agreeing on the parameters behind `smem` agree on `smem`
+    for a in fam.points():
+        for b in fam.points():
+            if all(a[n] == b[n] for n in fam.parameters_behind(["smem"])):
+                assert fam.environment(a)["smem"] == fam.environment(b)["smem"]
+
+
 def _filtered_product(fam):
     """Every admitted point the slow way: each combination of the product, checked whole."""
     names = list(fam.parameters)

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_ptxas
+from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_ptxas, text_bytes
 
 # The prep keeps 256 - walk_regs registers a thread: 64 on the defaults. With w and ut staged
 # (w_u_in_slot = 0) ptxas spills about 290 bytes in the prep's code (the two_pass prep, capped at
@@ -145,3 +145,26 @@ def test_side_poll_waits_after_the_step(render_point):
     assert polled.count(acquire) == spun.count(acquire) + 1   # the test, and the spin (its first load peeled)
     assert polled.count(fence) == spun.count(fence) + 1
     assert polled.count("nanosleep") == spun.count("nanosleep") == 1   # one spin loop still
+
+
+@needs_nvcc
+def test_blocks_unroll_shrinks_both_kernels(render_point, tmp_path):
+    """blocks_unroll: the M/P block products' k-steps rolled cut each kernel's machine code (what
+    the SMs fetch through the level they share) by over 10 KB at 1, under the spill bound; at 8
+    the kernels are the defaults' own."""
+    size, spills = {}, {}
+    for unroll in (8, 2, 1):
+        cand, _ = render_point("fused_tiles", blocks_unroll=unroll)
+        for src, kernel in (("kda_fused_tiles.cu", "kda_fused_kernel"), ("kda_side_prep.cu", "kda_side_prep_kernel")):
+            out = tmp_path / f"{unroll}_{kernel}"
+            out.mkdir()
+            r = parse_ptxas(compile_cubin(cand / src, out), kernel)
+            size[unroll, kernel] = text_bytes(out / (cand / src).with_suffix(".cubin").name, kernel)
+            spills[unroll, kernel] = r.spill_stores + r.spill_loads
+    for kernel in ("kda_fused_kernel", "kda_side_prep_kernel"):
+        assert size[1, kernel] + 10_000 < size[8, kernel], size   # measured: 16 KB less in each
+        assert size[1, kernel] <= size[2, kernel] < size[8, kernel], size
+        assert all(spills[u, kernel] <= SPILL_BOUND for u in (8, 2, 1)), spills
+    defaults, _ = render_point("fused_tiles")
+    eight, _ = render_point("fused_tiles", blocks_unroll=8)
+    assert (defaults / "kda_fused_tiles.cu").read_text() == (eight / "kda_fused_tiles.cu").read_text()
