@@ -93,6 +93,8 @@ def run(ctx: StageContext, cand: Candidate) -> StageResult:
         metrics.update(arch=arch, kernels=compiled)
         smem = [k["smem_bytes"] for ks in compiled.values() for k in ks.values()]
         metrics["smem_bytes"] = max(smem, default=0)
+        # every kernel's machine code together: SMs fetch instructions through a level they share
+        metrics["code_bytes"] = sum(k["code_bytes"] for ks in compiled.values() for k in ks.values())
         return StageResult(status=EvaluationStatus.PASSED, metrics=metrics,
                            registers=max(registers) if registers else None, spills=spills, **timing)
     return StageResult(status=EvaluationStatus.PASSED, metrics=metrics, **timing)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
 _PROBE_TIMEOUT_S = 30.0
 _LOG_CHARS = 16000  # the tail of nvcc's output that is kept
+CUBIN_READ_LIMIT = 64 << 20   # a cubin past this is not read for its code sizes
 
 # Files the static include check reads: whatever nvcc may preprocess.
 INCLUDE_SUFFIXES = frozenset({".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inc", ".inl", ".ipp", ".tcc",
@@ -64,6 +66,7 @@ class KernelResources(BaseModel):
     spill_loads: int = 0
     stack_bytes: int = 0
     smem_bytes: int = 0
+    code_bytes: int = 0   # machine code (its `.text` section): what the SMs fetch as instructions
     performance_notes: list[str] = Field(default_factory=list)   # "C7512: wgmma.mma_async instructions are serialized ..."
 
 
@@ -115,6 +118,32 @@ def parse_ptxas(log: str) -> dict[str, KernelResources]:
             s = _SMEM.search(line)
             current.smem_bytes = int(s.group(1)) if s else 0
     return kernels
+
+
+def code_sizes(cubin: bytes) -> dict[str, int]:
+    """Bytes of machine code per kernel (its `.text.<kernel>` section) in an ELF64 cubin; {}
+    for anything else. nvcc wrote it from a candidate's sources, so every offset and count is
+    checked against the file before it is followed."""
+    if len(cubin) < 64 or cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:   # ELF64, little-endian
+        return {}
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    if shentsize < 64 or shstrndx >= shnum or shoff + shnum * shentsize > len(cubin):
+        return {}
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at, names_size = headers[shstrndx][4], headers[shstrndx][5]
+    if names_at + names_size > len(cubin):
+        return {}
+    names = cubin[names_at:names_at + names_size]
+    sizes: dict[str, int] = {}
+    for name_off, *_, size in headers:
+        end = names.find(b"\0", name_off)
+        if name_off >= len(names) or end < 0:
+            continue
+        name = names[name_off:end].decode("ascii", "replace")
+        if name.startswith(".text.") and len(name) > 6:
+            sizes[name[6:]] = size
+    return sizes
 
 
 def gencode(arch: str) -> str:
@@ -290,5 +319,10 @@ def compile_cuda(source: Path, arch: str, extra_flags: list[str], timeout: float
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                               timeout=timeout, env=sandbox_env(toolkit))
         log = _relative(_tail(out, _LOG_CHARS), [source.parent, Path(tmp)])[-_LOG_CHARS:]
-    return CompileReport(ok=proc.returncode == 0, arch=arch, command=nv[1:], log=log,
-                         kernels=parse_ptxas(log) if proc.returncode == 0 else {})
+        kernels = parse_ptxas(log) if proc.returncode == 0 else {}
+        cubin = Path(tmp) / "out.cubin"
+        if kernels and cubin.is_file() and not cubin.is_symlink() and cubin.stat().st_size <= CUBIN_READ_LIMIT:
+            for name, size in code_sizes(cubin.read_bytes()).items():
+                if name in kernels:
+                    kernels[name].code_bytes = size
+    return CompileReport(ok=proc.returncode == 0, arch=arch, command=nv[1:], log=log, kernels=kernels)

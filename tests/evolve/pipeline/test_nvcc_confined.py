@@ -212,6 +212,7 @@ def test_a_normal_kernel_compiles_confined_and_is_measured(tmp_path: Path) -> No
     assert rep.ok, rep.log
     k = rep.kernels["toy_kernel"]
     assert k.registers > 0 and k.smem_bytes == 64 * 2 * 4 and k.spill_stores == k.spill_loads == 0
+    assert 0 < k.code_bytes < 4096 and k.code_bytes % 16 == 0   # a handful of 16-byte instructions
     assert str(tmp_path) not in rep.log + " ".join(rep.command)
     (d / "kernel.cu").write_text("this is not CUDA\n")
     bad = nvcc.compile_cuda(d / "kernel.cu", "sm_90a", [], timeout=120)
@@ -286,3 +287,37 @@ def test_check_stage_stores_no_host_file(tmp_path: Path, pop: Population, client
     assert res.registers and res.spills == 0
     assert res.metrics["kernels"]["kernel.cu"]["toy_kernel"]["smem_bytes"] == 64 * 2 * 4
 
+
+# ---------------------------------------------------------------- code sizes from a cubin
+def _elf(sections: list[tuple[str, int]], shstrndx: int | None = None) -> bytes:
+    """A minimal ELF64 file: a null section, the given (name, size) sections, then the names."""
+    import struct
+
+    names = b"\0" + b"".join(n.encode() + b"\0" for n, _ in sections) + b".shstrtab\0"
+    offsets, at = [], 1
+    for n, _ in sections:
+        offsets.append(at)
+        at += len(n) + 1
+    shoff = 64 + len(names)
+    headers = [struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)]
+    headers += [struct.pack("<IIQQQQIIQQ", off, 1, 6, 0, 0, size, 0, 0, 16, 0) for off, (_, size) in zip(offsets, sections)]
+    headers.append(struct.pack("<IIQQQQIIQQ", at, 3, 0, 0, 64, len(names), 0, 0, 1, 0))
+    n = len(headers)
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 1, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64, n,
+                                 n - 1 if shstrndx is None else shstrndx)
+    return header + names + b"".join(headers)
+
+
+def test_code_sizes_read_each_kernels_text_section() -> None:
+    cubin = _elf([(".text.kda_fused_kernel", 96512), (".nv.info", 40), (".text.side", 73216)])
+    assert nvcc.code_sizes(cubin) == {"kda_fused_kernel": 96512, "side": 73216}
+
+
+@pytest.mark.parametrize("mangle", ["empty", "not_elf", "elf32", "truncated", "names_past_end", "bad_index"])
+def test_code_sizes_of_a_malformed_cubin_are_none(mangle: str) -> None:
+    cubin = _elf([(".text.k", 64)])
+    bad = {"empty": b"", "not_elf": b"MZ" + cubin[2:], "elf32": cubin[:4] + b"\x01" + cubin[5:],
+           "truncated": cubin[:-10], "bad_index": _elf([(".text.k", 64)], shstrndx=7),
+           "names_past_end": cubin[:-64] + cubin[-64:-40] + (10**9).to_bytes(8, "little") + cubin[-32:]}[mangle]
+    assert nvcc.code_sizes(bad) == {}

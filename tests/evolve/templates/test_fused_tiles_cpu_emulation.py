@@ -75,10 +75,11 @@ int main(int argc, char** argv) {
     const size_t nalog = guard(alog), ndt = guard(dt), ninit = guard(init), nout = guard(out), nfin = guard(fin);
     const float scale = 1.f / std::sqrt((float)K);
     std::mt19937 rng(seed);
-    // The side kernel's scratch (NaN: a tile it never wrote poisons the walk's result) and
-    // flags, each with a canary tail; three side CTAs, so the teams take turns over the chunks.
+    // The side kernel's scratch, a block for each side chunk only (NaN: a tile it never wrote
+    // poisons the walk's result), and flags, each with a canary tail (a block past the side
+    // chunks' breaks it); three side CTAs, so the teams take turns over the chunks.
     const int NC = (T + 63) / 64;
-    const size_t blocks = (size_t)B * H * NC;
+    const size_t blocks = (size_t)B * H * (NC * SIDE_N / 16);
     std::vector<bf16_t> sqg(blocks * 64 * K, 0xffff), sw(blocks * 64 * K, 0xffff), sut(blocks * 64 * K, 0xffff);
     std::vector<bf16_t> skd(blocks * 64 * K, 0xffff), sp(blocks * 2560, 0xffff);
     std::vector<float> sgc(blocks * K, NAN);
