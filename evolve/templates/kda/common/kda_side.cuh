@@ -10,12 +10,11 @@ __device__ __forceinline__ bool is_side_chunk(int c, int side) { return ((c + 1)
 // the chunk of side ordinal j (the j-th chunk c with is_side_chunk), and the side chunks of NC
 __device__ __forceinline__ int side_chunk(int j, int side) { return (16 * (j + 1) + side - 1) / side - 1; }
 __device__ __forceinline__ int side_chunks_of(int nc, int side) { return nc * side / 16; }
-// the ordinal of side chunk c among its head's side chunks (the side chunks before it)
-__device__ __forceinline__ int side_ordinal(int c, int side) { return (c * side) / 16; }
 // The scratch block (and flag) of side chunk c of head (bz, h): the scratch holds the side
-// chunks alone, each head's in order, not a block for every chunk.
+// chunks alone, each head's in order, so the block is the head's times its side chunks, plus
+// the side chunks before c. (Unsigned: every term is non-negative, and a signed division by 16
+// costs a rounding fix-up, which took registers the side kernel's prep spilled for.)
 __device__ __forceinline__ long side_block(int bz, int h, int H, int NC, int c, int side) {
-    // (unsigned: every term is non-negative, and a signed division by 16 costs a rounding fix-up)
     return ((long)bz * H + h) * (long)(((unsigned)NC * side) >> 4) + (long)(((unsigned)c * side) >> 4);
 }
 // the chunk after c that the fused prep takes (side chunks never come two in a row)
