@@ -89,20 +89,13 @@ def compile_cubin(source: Path, out_dir: Path, defines: tuple[str, ...] = ()) ->
 
 
 def text_bytes(cubin: Path, kernel: str) -> int:
-    """Bytes of `kernel`'s machine code in a cubin (its `.text.<kernel>` section), read from the
-    ELF64 section headers: what the SMs fetch as instructions."""
-    import struct
+    """Bytes of `kernel`'s machine code in a cubin, as the check stage reads them."""
+    from evolve.pipeline.nvcc import code_sizes
 
-    data = cubin.read_bytes()
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    names = sections[shstrndx][4]                         # sh_offset of the section-name table
-    for name_off, _type, _flags, _addr, _off, size, *_ in sections:
-        end = data.index(b"\0", names + name_off)
-        if data[names + name_off:end].decode() == f".text.{kernel}":
-            return size
-    raise KeyError(f"no .text.{kernel} in {cubin}")
+    sizes = code_sizes(cubin.read_bytes())
+    if kernel not in sizes:
+        raise KeyError(f"no .text.{kernel} in {cubin}")
+    return sizes[kernel]
 
 
 def compile_ptx(source: Path, defines: tuple[str, ...] = ()) -> str:
