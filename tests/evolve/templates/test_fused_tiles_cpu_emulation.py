@@ -190,16 +190,20 @@ POINTS = [
     # side_poll: every other side chunk's flag reads unset as the chunk before it begins, so its
     # copy is issued after that chunk's step
     ({"side_poll": 1, "side_sixteenths": 5}, [(1, 640, 1, "scored"), (2, 200, 1, "switch")]),
-    # the block products' k-steps rolled, one and two a pass
-    ({"blocks_unroll": 1}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
+    # the block products' k-steps all unrolled (the defaults roll them, one a pass), two a pass
+    ({"blocks_unroll": 8, "side_blocks_unroll": 8}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
     ({"blocks_unroll": 2, "side_sixteenths": 0}, [(1, 129, 1, "saturated")]),
+    # the elementwise rows rolled, four and two a pass (the gate values shifting down), in both kernels
+    ({"elementwise_unroll": 4}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
+    ({"elementwise_unroll": 2, "elementwise": "bf16x2", "side_blocks_unroll": 2}, [(1, 321, 1, "saturated")]),
 ]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS,
                          ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways",
                               "no_side", "side8_deferred", "side4_prep_ways", "no_early_qk", "staged", "no_side_bf16x2_direct",
-                              "side5", "side7_staged", "side5_poll", "blocks_unroll1", "blocks_unroll2_no_side"])
+                              "side5", "side7_staged", "side5_poll", "unrolled", "blocks_unroll2_no_side",
+                              "elementwise_unroll4", "elementwise_unroll2_bf16x2_side_unroll2"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")
@@ -236,9 +240,10 @@ PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise
 @pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct", "w_u_in_slot": 0, "early_qk": 0},
                                        {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0},
                                        {"early_qk": 0, "elementwise": "bf16x2", "t_bf16": "direct", "side_sixteenths": 0},
-                                       {"side_poll": 1}, {"blocks_unroll": 1}],
+                                       {"side_poll": 1}, {"blocks_unroll": 8, "side_blocks_unroll": 8},
+                                       {"elementwise_unroll": 4}],
                          ids=["defaults", "bf16x2_fragments_direct_staged", "no_side", "staged", "no_early_qk_bf16x2_no_side",
-                              "side_poll", "blocks_unroll1"])
+                              "side_poll", "unrolled", "elementwise_unroll4"])
 def test_same_bits_as_two_pass(render_point, tmp_path, overrides):
     """The fused kernel runs the two_pass prep and walk sources on the same data: its output
     and final state must be those of the two_pass point with the same ways, bit for bit (with
