@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from .conftest import TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_ptxas, text_bytes
+from .conftest import NVCC, TEMPLATES, compile_cubin, compile_ptx, needs_nvcc, parse_ptxas, text_bytes
 
 # The prep keeps 256 - walk_regs registers a thread: 64 on the defaults. With w and ut staged
 # (w_u_in_slot = 0) ptxas spills about 290 bytes in the prep's code (the two_pass prep, capped at
@@ -181,3 +181,17 @@ def test_side_blocks_unroll_is_the_side_kernels_alone(render_point):
     assert text(base, "kda_side_prep.cu") != text(side8, "kda_side_prep.cu")
     assert text(base, "kda_side_prep.cu") == text(fused8, "kda_side_prep.cu")
     assert text(base, "kda_fused_tiles.cu") != text(fused8, "kda_fused_tiles.cu")
+
+
+def test_side_l2_prefetch_is_the_side_kernels_loads(render_point):
+    """side_l2_prefetch: the side teams ask L2 for their next chunk's four tensors (two lines a
+    row); the fused kernel's code is the same with it or without."""
+    on, _ = render_point("fused_tiles", side_l2_prefetch=1)
+    off, _ = render_point("fused_tiles", side_l2_prefetch=0)
+    assert (on / "kda_fused_tiles.cu").read_text() == (off / "kda_fused_tiles.cu").read_text()
+    if NVCC is None:
+        pytest.skip("nvcc not installed")
+    with_it = compile_ptx(on / "kda_side_prep.cu")
+    without = compile_ptx(off / "kda_side_prep.cu")
+    assert without.count("prefetch.global.L2") == 0
+    assert with_it.count("prefetch.global.L2") == 2

@@ -140,8 +140,9 @@ def build(cand: Path, work: Path) -> Path:
     assert "registers_release" in roles and "registers_claim" in roles
     (work / "kda_warpspec.cuh").write_text(warpspec)
     (work / "kda_roles.cuh").write_text(ROLES)
-    assert "prefetch_l2" in (cand / "kda_prefetch.cuh").read_text()
-    (work / "kda_prefetch.cuh").write_text(PREFETCH)
+    prefetch = _strip_functions((cand / "kda_prefetch.cuh").read_text(), ["prefetch_l2"])
+    assert "asm" not in re.sub(r"//.*", "", prefetch), "a PTX primitive was left in kda_prefetch.cuh"
+    (work / "kda_prefetch.cuh").write_text(prefetch.replace("#pragma once", PREFETCH, 1))
     side = _strip_functions((cand / "kda_side.cuh").read_text(), ["flag_release", "flag_test", "flag_wait"])
     assert "asm" not in re.sub(r"//.*", "", side), "a PTX primitive was left in kda_side.cuh"
     (work / "kda_side.cuh").write_text(side.replace("#pragma once", "#pragma once\n" + SIDE, 1))
@@ -193,9 +194,11 @@ POINTS = [
     # the block products' k-steps all unrolled (the defaults roll them, one a pass), two a pass
     ({"blocks_unroll": 8, "side_blocks_unroll": 8}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
     ({"blocks_unroll": 2, "side_sixteenths": 0}, [(1, 129, 1, "saturated")]),
-    # the elementwise rows rolled, four and two a pass (the gate values shifting down), in both kernels
+    # the elementwise rows rolled, four a pass (the gate values shifting down), in both kernels
     ({"elementwise_unroll": 4}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
-    ({"elementwise_unroll": 2, "elementwise": "bf16x2", "side_blocks_unroll": 2}, [(1, 321, 1, "saturated")]),
+    ({"elementwise_unroll": 4, "elementwise": "bf16x2", "side_blocks_unroll": 2}, [(1, 321, 1, "saturated")]),
+    # the side teams prefetching their next chunk (a no-op on the CPU: its index math compiles and runs)
+    ({"side_l2_prefetch": 1, "side_sixteenths": 5}, [(2, 640, 3, "scored")]),
 ]
 
 
@@ -203,7 +206,7 @@ POINTS = [
                          ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways",
                               "no_side", "side8_deferred", "side4_prep_ways", "no_early_qk", "staged", "no_side_bf16x2_direct",
                               "side5", "side7_staged", "side5_poll", "unrolled", "blocks_unroll2_no_side",
-                              "elementwise_unroll4", "elementwise_unroll2_bf16x2_side_unroll2"])
+                              "elementwise_unroll4", "elementwise_unroll4_bf16x2_side_unroll2", "side5_l2_prefetch"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", **overrides)
     exe = build(cand, tmp_path / "cpu")

@@ -27,10 +27,12 @@ POINTS = [{}, {"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "l2_pref
           {"side_sixteenths": 0}, {"side_sixteenths": 8, "out_store": "deferred", "elementwise": "bf16x2"},
           {"early_qk": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_sixteenths": 0, "t_bf16": "direct"},
           {"side_poll": 1, "side_sixteenths": 5}, {"blocks_unroll": 8, "side_blocks_unroll": 8}, {"blocks_unroll": 2, "side_sixteenths": 0},
-          {"elementwise_unroll": 4}, {"elementwise_unroll": 2, "side_blocks_unroll": 2, "elementwise": "bf16x2"}]
+          {"elementwise_unroll": 4}, {"elementwise_unroll": 4, "side_blocks_unroll": 2, "elementwise": "bf16x2"},
+          {"side_l2_prefetch": 1}]
 IDS = ["defaults", "stages1_prefetch", "deferred_w200_no_l2_prefetch", "new_prep_ways", "other_prep_ways",
        "no_side", "side4_deferred_bf16x2", "no_early_qk", "staged", "no_side_direct", "side5_poll", "unrolled",
-       "blocks_unroll2_no_side", "elementwise_unroll4", "elementwise_unroll2_side_unroll2_bf16x2"]
+       "blocks_unroll2_no_side", "elementwise_unroll4", "elementwise_unroll4_side_unroll2_bf16x2",
+       "side_l2_prefetch"]
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import kda_timeline  # noqa: E402
 
@@ -53,9 +55,9 @@ def test_moderate_shape_against_fp32_reference(render_point, bench, regime, over
 @pytest.mark.parametrize("overrides", [{}, {"w_gamma": "fragments", "t_bf16": "direct", "elementwise": "bf16x2", "w_u_in_slot": 0, "early_qk": 0},
                                        {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_poll": 1},
                                        {"blocks_unroll": 8, "side_blocks_unroll": 8}, {"elementwise_unroll": 4},
-                                       {"elementwise_unroll": 2, "elementwise": "bf16x2"}],
+                                       {"elementwise_unroll": 4, "elementwise": "bf16x2"}],
                          ids=["defaults", "fragments_direct_bf16x2_staged", "no_side", "staged", "side_poll", "unrolled",
-                              "elementwise_unroll4", "elementwise_unroll2_bf16x2"])
+                              "elementwise_unroll4", "elementwise_unroll4_bf16x2"])
 def test_same_bits_as_two_pass(render_point, overrides):
     """The same prep and walk sources, handed over in shared memory instead of global memory."""
     B, T, H = 1, 777, 4
