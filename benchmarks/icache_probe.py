@@ -26,13 +26,13 @@ INSTR_BYTES = 16         # every sm_90 instruction
 TARGET_MS = 2.0
 
 
-def loop_source(kilobytes: int) -> str:
-    """A kernel whose loop body is about `kilobytes` of FMAs (two a line, distinct constants and
-    one dependent chain, so the compiler can neither fold nor reorder them away)."""
+def loop_source(kilobytes: int, name: str = "loop") -> str:
+    """A kernel `name` whose loop body is about `kilobytes` of FMAs (two a line, distinct constants
+    and one dependent chain, so the compiler can neither fold nor reorder them away)."""
     pairs = kilobytes * 1024 // (2 * INSTR_BYTES)
     body = "".join(f"        a = fmaf(a, {1 + i * 1e-7:.9f}f, b); b = fmaf(b, {1 - i * 1e-7:.9f}f, a);\n"
                    for i in range(pairs))
-    return ('extern "C" __global__ void loop(float* out, long long reps) {\n'
+    return (f'extern "C" __global__ void {name}(float* out, long long reps) {{\n'
             "    float a = threadIdx.x * 1e-3f, b = 1.f;\n"
             "    for (long long r = 0; r < reps; ++r) {\n" + body + "    }\n"
             "    if (a + b == 1.f) out[0] = a;\n}\n")

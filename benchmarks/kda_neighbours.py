@@ -10,8 +10,8 @@ longer than the call):
     fma    dependent FMAs in a loop: clocks and power only
     read   streaming loads through L2 (about 1.3 TB/s): DRAM and L2 bandwidth
     write  streaming stores (about 1.8 TB/s): the write path
-    code   8,000 distinct dependent FMAs in a loop, 128 KB of instructions that no SM-private
-           instruction cache holds: the instruction fetch path the SMs share
+    code   8,192 distinct dependent FMAs in a loop (icache_probe.py's), 128 KB of instructions, at
+           the edge of what an SM's own instruction caches hold: the fetch path the SMs share
     side   the side prep kernel of --side-config (fused_tiles' defaults) alone: what the
            candidate's own side chunks put beside it
 
@@ -33,12 +33,13 @@ from pathlib import Path
 import numpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import icache_probe
 import kda_kernels  # CuPy, the renderer and the inputs
 
 cupy = kda_kernels.cupy
 NEIGHBOURS = ("fma", "read", "write", "code", "side")
 SMEM = 200 * 1024          # one neighbour CTA an SM, and none beside a fused CTA
-CODE_PAIRS = 4000          # 2 FMAs of 16 bytes each: 128 KB of straight-line code
+CODE_KB = 128              # of straight-line code (icache_probe.py's loop)
 TARGET_MS = 4.0            # each neighbour outlasts the call it runs beside
 
 SOURCE = r"""
@@ -67,13 +68,7 @@ extern "C" __global__ void burn_write(float4* dst, long long n, long long reps, 
 
 
 def code_source() -> str:
-    # distinct constants, one dependent chain: the compiler can neither fold nor reorder it away
-    body = "".join(f"        a = fmaf(a, {1 + i * 1e-7:.9f}f, b); b = fmaf(b, {1 - i * 1e-7:.9f}f, a);\n"
-                   for i in range(CODE_PAIRS))
-    return ('extern "C" __global__ void burn_code(float* out, long long reps) {\n'
-            "    float a = threadIdx.x * 1e-3f, b = 1.f;\n"
-            "    for (long long r = 0; r < reps; ++r) {\n" + body + "    }\n"
-            "    if (a + b == 1.f) out[0] = a;\n}\n")
+    return icache_probe.loop_source(CODE_KB, name="burn_code")
 
 
 class Neighbours:
