@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .conftest import FUSED_TILES_BEYOND
 from .test_fused_cpu_emulation import DRIVER, GXX, READ_CASE, _bits, _strip_functions, check_case, compile_harness, write_case
 from .test_two_pass_cpu_emulation import build as build_two_pass
 from .test_two_pass_cpu_emulation import write_cpu_headers
@@ -191,24 +192,30 @@ POINTS = [
     # side_poll: every other side chunk's flag reads unset as the chunk before it begins, so its
     # copy is issued after that chunk's step
     ({"side_poll": 1, "side_sixteenths": 5}, [(1, 640, 1, "scored"), (2, 200, 1, "switch")]),
-    # the block products' k-steps all unrolled (the defaults roll them, one a pass), two a pass
-    ({"blocks_unroll": 8, "side_blocks_unroll": 8}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
+    # the block products' k-steps two a pass in both kernels (the defaults: one), two in the fused kernel alone
+    ({"blocks_unroll": 2, "side_blocks_unroll": 2}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
     ({"blocks_unroll": 2, "side_sixteenths": 0}, [(1, 129, 1, "saturated")]),
     # the elementwise rows rolled, four a pass (the gate values shifting down), in both kernels
     ({"elementwise_unroll": 4}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
     ({"elementwise_unroll": 4, "elementwise": "bf16x2", "side_blocks_unroll": 2}, [(1, 321, 1, "saturated")]),
     # the side teams prefetching their next chunk (a no-op on the CPU: its index math compiles and runs)
     ({"side_l2_prefetch": 1, "side_sixteenths": 5}, [(2, 640, 3, "scored")]),
+    # the gate inputs copied early into w_u's free tile: each chunk's as the one before it runs
+    # its w_u (past a side chunk, none after the last), with T's or the inverse's ways
+    ({"early_gate": 1}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
+    ({"early_gate": 1, "side_sixteenths": 0, "t_bf16": "direct"}, [(1, 200, 1, "saturated")]),
+    ({"early_gate": 1, "early_qk": 0, "side_sixteenths": 5}, [(1, 640, 1, "scored")]),
 ]
 
 
 @pytest.mark.parametrize("overrides, cases", POINTS,
                          ids=["defaults", "stages1_no_l2_prefetch", "stages1_prefetch", "deferred", "new_prep_ways", "other_prep_ways",
                               "no_side", "side8_deferred", "side4_prep_ways", "no_early_qk", "staged", "no_side_bf16x2_direct",
-                              "side5", "side7_staged", "side5_poll", "unrolled", "blocks_unroll2_no_side",
-                              "elementwise_unroll4", "elementwise_unroll4_bf16x2_side_unroll2", "side5_l2_prefetch"])
+                              "side5", "side7_staged", "side5_poll", "unroll2", "blocks_unroll2_no_side",
+                              "elementwise_unroll4", "elementwise_unroll4_bf16x2_side_unroll2", "side5_l2_prefetch",
+                              "early_gate", "early_gate_no_side_direct", "early_gate_no_early_qk_side5"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
-    cand, _ = render_point("fused_tiles", **overrides)
+    cand, _ = render_point("fused_tiles", beyond=FUSED_TILES_BEYOND, **overrides)
     exe = build(cand, tmp_path / "cpu")
     for i, (B, T, H, regime) in enumerate(cases):
         inputs = write_case(tmp_path / "cpu", B, T, H, regime, 300 + i)
@@ -224,12 +231,14 @@ def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
                                              ({"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "w_u_in_slot": 0, "early_qk": 0}, (5, 64)),
                                              ({"side_sixteenths": 0}, (9, 64)), ({"side_sixteenths": 8}, (3, 64)),
                                              ({"w_u_in_slot": 0, "early_qk": 0}, (3, 64)), ({"side_sixteenths": 0}, (5, 64)),
-                                             ({"side_poll": 1}, (9, 64)), ({"side_poll": 1}, (3, 64))],
+                                             ({"side_poll": 1}, (9, 64)), ({"side_poll": 1}, (3, 64)),
+                                             ({"early_gate": 1}, (3, 64)), ({"early_gate": 1}, (9, 64))],
                          ids=["walk_warp_9", "walk_warp_14", "prep_warp_3", "one_slot_walk_warp_12",
                               "one_slot_prep_warp_5", "no_side_walk_warp_9", "side8_prep_warp_3",
-                              "staged_prep_warp_3", "no_side_prep_warp_5", "side_poll_walk_warp_9", "side_poll_prep_warp_3"])
+                              "staged_prep_warp_3", "no_side_prep_warp_5", "side_poll_walk_warp_9", "side_poll_prep_warp_3",
+                              "early_gate_prep_warp_3", "early_gate_walk_warp_9"])
 def test_hand_over_with_one_role_behind(render_point, tmp_path, overrides, lag):
-    cand, _ = render_point("fused_tiles", **overrides)
+    cand, _ = render_point("fused_tiles", beyond=FUSED_TILES_BEYOND, **overrides)
     exe = build(cand, tmp_path / "cpu")
     B, T, H, regime = 1, 321, 1, "scored"
     inputs = write_case(tmp_path / "cpu", B, T, H, regime, 400)
@@ -243,16 +252,16 @@ PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise
 @pytest.mark.parametrize("overrides", [{}, {"elementwise": "bf16x2", "w_gamma": "fragments", "t_bf16": "direct", "w_u_in_slot": 0, "early_qk": 0},
                                        {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0},
                                        {"early_qk": 0, "elementwise": "bf16x2", "t_bf16": "direct", "side_sixteenths": 0},
-                                       {"side_poll": 1}, {"blocks_unroll": 8, "side_blocks_unroll": 8},
-                                       {"elementwise_unroll": 4}],
+                                       {"side_poll": 1}, {"blocks_unroll": 2, "side_blocks_unroll": 2},
+                                       {"elementwise_unroll": 4}, {"early_gate": 1}],
                          ids=["defaults", "bf16x2_fragments_direct_staged", "no_side", "staged", "no_early_qk_bf16x2_no_side",
-                              "side_poll", "unrolled", "elementwise_unroll4"])
+                              "side_poll", "unroll2", "elementwise_unroll4", "early_gate"])
 def test_same_bits_as_two_pass(render_point, tmp_path, overrides):
     """The fused kernel runs the two_pass prep and walk sources on the same data: its output
     and final state must be those of the two_pass point with the same ways, bit for bit (with
     side chunks too, whose tiles come through global scratch from the side kernel's prep)."""
     B, T, H, seed = 1, 150, 2, 11
-    fused, fam = render_point("fused_tiles", **overrides)
+    fused, fam = render_point("fused_tiles", beyond=FUSED_TILES_BEYOND, **overrides)
     params = {**fam.defaults, **overrides}
     same = {k: params[k] for k in PREP_WAYS} | {"out_store": params["out_store"], "stages": 2}
     two_pass, _ = render_point("two_pass", **same)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import cupy_or_skip
+from .conftest import FUSED_TILES_BEYOND, cupy_or_skip
 
 pytestmark = pytest.mark.gpu
 cupy = cupy_or_skip()
@@ -26,13 +26,13 @@ POINTS = [{}, {"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "l2_pref
           {"diag_inverse": "after_blocks", "inverse_products": "fp32", "elementwise": "bf16x2", "row_norms": "cuda_cores"},
           {"side_sixteenths": 0}, {"side_sixteenths": 8, "out_store": "deferred", "elementwise": "bf16x2"},
           {"early_qk": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_sixteenths": 0, "t_bf16": "direct"},
-          {"side_poll": 1, "side_sixteenths": 5}, {"blocks_unroll": 8, "side_blocks_unroll": 8}, {"blocks_unroll": 2, "side_sixteenths": 0},
+          {"side_poll": 1, "side_sixteenths": 5}, {"blocks_unroll": 2, "side_blocks_unroll": 2}, {"blocks_unroll": 2, "side_sixteenths": 0},
           {"elementwise_unroll": 4}, {"elementwise_unroll": 4, "side_blocks_unroll": 2, "elementwise": "bf16x2"},
-          {"side_l2_prefetch": 1}]
+          {"side_l2_prefetch": 1}, {"early_gate": 1}, {"early_gate": 1, "early_qk": 0, "t_bf16": "direct", "side_sixteenths": 5}]
 IDS = ["defaults", "stages1_prefetch", "deferred_w200_no_l2_prefetch", "new_prep_ways", "other_prep_ways",
-       "no_side", "side4_deferred_bf16x2", "no_early_qk", "staged", "no_side_direct", "side5_poll", "unrolled",
+       "no_side", "side4_deferred_bf16x2", "no_early_qk", "staged", "no_side_direct", "side5_poll", "unroll2",
        "blocks_unroll2_no_side", "elementwise_unroll4", "elementwise_unroll4_side_unroll2_bf16x2",
-       "side_l2_prefetch"]
+       "side_l2_prefetch", "early_gate", "early_gate_no_early_qk_direct_side5"]
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import kda_timeline  # noqa: E402
 
@@ -42,27 +42,27 @@ PREP_WAYS = ("diag_inverse", "inverse_products", "flush_denormals", "elementwise
 @pytest.mark.parametrize("overrides", POINTS, ids=IDS)
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 17), (1, 64), (1, 65), (1, 129), (1, 321), (2, 200)])
 def test_matches_float64_recurrence(render_point, overrides, B, T):
-    check_against_float64(render_point("fused_tiles", **overrides)[0], B, T)
+    check_against_float64(render_point("fused_tiles", beyond=FUSED_TILES_BEYOND, **overrides)[0], B, T)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0}],
                          ids=["defaults", "no_side", "staged"])
 @pytest.mark.parametrize("regime", REGIMES)
 def test_moderate_shape_against_fp32_reference(render_point, bench, regime, overrides):  # noqa: F811 (bench: the fixture)
-    check_regime(render_point("fused_tiles", **overrides)[0], bench, regime)
+    check_regime(render_point("fused_tiles", beyond=FUSED_TILES_BEYOND, **overrides)[0], bench, regime)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"w_gamma": "fragments", "t_bf16": "direct", "elementwise": "bf16x2", "w_u_in_slot": 0, "early_qk": 0},
                                        {"side_sixteenths": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_poll": 1},
-                                       {"blocks_unroll": 8, "side_blocks_unroll": 8}, {"elementwise_unroll": 4},
-                                       {"elementwise_unroll": 4, "elementwise": "bf16x2"}],
-                         ids=["defaults", "fragments_direct_bf16x2_staged", "no_side", "staged", "side_poll", "unrolled",
-                              "elementwise_unroll4", "elementwise_unroll4_bf16x2"])
+                                       {"blocks_unroll": 2, "side_blocks_unroll": 2}, {"elementwise_unroll": 4},
+                                       {"elementwise_unroll": 4, "elementwise": "bf16x2"}, {"early_gate": 1}],
+                         ids=["defaults", "fragments_direct_bf16x2_staged", "no_side", "staged", "side_poll", "unroll2",
+                              "elementwise_unroll4", "elementwise_unroll4_bf16x2", "early_gate"])
 def test_same_bits_as_two_pass(render_point, overrides):
     """The same prep and walk sources, handed over in shared memory instead of global memory."""
     B, T, H = 1, 777, 4
     data = kda_launch.random_inputs(B, T, H, seed=11)
-    fused, fam = render_point("fused_tiles", **overrides)
+    fused, fam = render_point("fused_tiles", beyond=FUSED_TILES_BEYOND, **overrides)
     params = {**fam.defaults, **overrides}
     two, _ = render_point("two_pass", **{k: params[k] for k in PREP_WAYS}, out_store=params["out_store"], stages=2)
     o_f, s_f = _poison_and_call(_solution(fused).setup(data, B, T, H), data)
