@@ -28,7 +28,7 @@ import iket_host
 
 # stage ids (kda_fused_tiles.cu's prep 0-4 and 10, walk 5-9; the side teams' 0-4)
 LOAD_GATE, W_U, WAIT_EMPTY, WAIT_FULL, CHUNK = 0, 4, 10, 5, 9
-TEAM_WARPS, TEAMS = 8, 3
+TEAM_WARPS = 8   # a side team's warps (a CTA's teams: its warps / 8)
 PREP_STAGES = {0: "load_gate", 1: "elementwise", 2: "blocks", 3: "inverse", 4: "w_u"}
 WALK_STAGES = {6: "u_o", 8: "update", CHUNK: "chunk"}
 
@@ -44,14 +44,15 @@ def _stats(x: numpy.ndarray) -> dict:
 def side_flags(side: numpy.ndarray, heads: int) -> dict[tuple[int, int], int]:
     """(head, chunk) -> the time its team finished it (the last w_u record of the team's warps)."""
     ctas = int(side["cta"].max()) + 1
+    teams = int(side["warp"].max()) // TEAM_WARPS + 1
     done: dict[tuple[int, int], int] = {}
     for cta in range(ctas):
-        for team in range(TEAMS):
+        for team in range(teams):
             sel = (side["cta"] == cta) & (side["warp"] // TEAM_WARPS == team)
             gates = side[sel & (side["stage"] == LOAD_GATE) & (side["warp"] % TEAM_WARPS == 0)]
             ends = side[sel & (side["stage"] == W_U)]
             for n, rec in enumerate(numpy.sort(gates, order="start_ns")):
-                item = cta * TEAMS + team + n * ctas * TEAMS
+                item = cta * teams + team + n * ctas * teams
                 head, chunk = item % heads, int(rec["seq"])
                 mine = ends[(ends["seq"] == chunk) & (ends["start_ns"] >= rec["start_ns"])]
                 if len(mine):
@@ -73,7 +74,7 @@ def analyse(folder: Path, heads: int) -> dict:
         team_items = side[(side["stage"] == LOAD_GATE) & (side["warp"] % TEAM_WARPS == 0)]
         per_team = []
         for cta in numpy.unique(team_items["cta"]):
-            for team in range(TEAMS):
+            for team in range(int(side["warp"].max()) // TEAM_WARPS + 1):
                 s = numpy.sort(team_items[(team_items["cta"] == cta) & (team_items["warp"] // TEAM_WARPS == team)]["start_ns"])
                 per_team.append(numpy.diff(s.astype(numpy.int64)))
         out["side_team_period"] = _stats(numpy.concatenate(per_team) if per_team else numpy.array([]))

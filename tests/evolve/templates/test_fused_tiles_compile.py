@@ -196,3 +196,19 @@ def test_side_l2_prefetch_is_the_side_kernels_loads(render_point):
     without = compile_ptx(off / "kda_side_prep.cu")
     assert without.count("prefetch.global.L2") == 0
     assert with_it.count("prefetch.global.L2") == 2
+
+
+@needs_nvcc
+def test_two_side_teams_take_the_registers_three_share(render_point, tmp_path):
+    """side_teams: three teams of 256 threads share an SM's 64 K registers at 80 a thread; two
+    take up to 128, and spill nothing."""
+    regs = {}
+    for teams in (3, 2):
+        cand, _ = render_point("fused_tiles", side_teams=teams)
+        out = tmp_path / str(teams)
+        out.mkdir()
+        r = parse_ptxas(compile_cubin(cand / "kda_side_prep.cu", out), "kda_side_prep_kernel")
+        regs[teams] = r.registers
+        if teams == 2:
+            assert r.spill_stores == r.spill_loads == 0, r
+    assert regs[3] <= 80 < regs[2] <= 128, regs

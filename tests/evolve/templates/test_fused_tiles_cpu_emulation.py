@@ -205,6 +205,8 @@ POINTS = [
     ({"early_gate": 1}, [(1, 129, 1, "scored"), (2, 70, 2, "switch")]),
     ({"early_gate": 1, "side_sixteenths": 0, "t_bf16": "direct"}, [(1, 200, 1, "saturated")]),
     ({"early_gate": 1, "early_qk": 0, "side_sixteenths": 5}, [(1, 640, 1, "scored")]),
+    # two side teams a CTA (at more registers), prefetching, beside the early gate
+    ({"side_teams": 2, "side_l2_prefetch": 1, "early_gate": 1, "side_sixteenths": 7}, [(1, 640, 2, "scored")]),
 ]
 
 
@@ -213,7 +215,8 @@ POINTS = [
                               "no_side", "side8_deferred", "side4_prep_ways", "no_early_qk", "staged", "no_side_bf16x2_direct",
                               "side5", "side7_staged", "side5_poll", "unroll2", "blocks_unroll2_no_side",
                               "elementwise_unroll4", "elementwise_unroll4_bf16x2_side_unroll2", "side5_l2_prefetch",
-                              "early_gate", "early_gate_no_side_direct", "early_gate_no_early_qk_side5"])
+                              "early_gate", "early_gate_no_side_direct", "early_gate_no_early_qk_side5",
+                              "side_teams2_l2_prefetch_early_gate_side7"])
 def test_kernel_source_on_cpu(render_point, tmp_path, overrides, cases):
     cand, _ = render_point("fused_tiles", beyond=FUSED_TILES_BEYOND, **overrides)
     exe = build(cand, tmp_path / "cpu")

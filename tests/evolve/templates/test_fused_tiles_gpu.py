@@ -28,11 +28,12 @@ POINTS = [{}, {"stages": 1, "side_sixteenths": 0, "prefetch_inputs": 1, "l2_pref
           {"early_qk": 0}, {"w_u_in_slot": 0, "early_qk": 0}, {"side_sixteenths": 0, "t_bf16": "direct"},
           {"side_poll": 1, "side_sixteenths": 5}, {"blocks_unroll": 2, "side_blocks_unroll": 2}, {"blocks_unroll": 2, "side_sixteenths": 0},
           {"elementwise_unroll": 4}, {"elementwise_unroll": 4, "side_blocks_unroll": 2, "elementwise": "bf16x2"},
-          {"side_l2_prefetch": 1}, {"early_gate": 1}, {"early_gate": 1, "early_qk": 0, "t_bf16": "direct", "side_sixteenths": 5}]
+          {"side_l2_prefetch": 1}, {"early_gate": 1}, {"early_gate": 1, "early_qk": 0, "t_bf16": "direct", "side_sixteenths": 5},
+          {"side_teams": 2, "side_l2_prefetch": 1}]
 IDS = ["defaults", "stages1_prefetch", "deferred_w200_no_l2_prefetch", "new_prep_ways", "other_prep_ways",
        "no_side", "side4_deferred_bf16x2", "no_early_qk", "staged", "no_side_direct", "side5_poll", "unroll2",
        "blocks_unroll2_no_side", "elementwise_unroll4", "elementwise_unroll4_side_unroll2_bf16x2",
-       "side_l2_prefetch", "early_gate", "early_gate_no_early_qk_direct_side5"]
+       "side_l2_prefetch", "early_gate", "early_gate_no_early_qk_direct_side5", "side_teams2_l2_prefetch"]
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import kda_timeline  # noqa: E402
 

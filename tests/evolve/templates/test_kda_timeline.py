@@ -45,3 +45,18 @@ def test_lateness_of_side_flags(tmp_path):
     assert r["side_chunks_late"]["late"] == 1
     assert r["walk_wait_side_chunks"]["n"] == 2 and r["walk_wait_prep_chunks"]["n"] == 6
     kda_timeline.print_report(r)
+
+
+def test_side_items_follow_the_side_kernels_own_team_count():
+    # two side CTAs of two teams each (side_teams = 2), four heads, chunk 2 the side chunk: the
+    # team t of CTA c takes item 2 c + t, head (2 c + t) % 4; with three teams assumed, CTA 1's
+    # teams would be items 3 and 4
+    side = []
+    for cta in (0, 1):
+        for team in (0, 1):
+            done = 1000 + 100 * (2 * cta + team)
+            for w in range(8):
+                side.append((cta, 8 * team + w, 0, 2, 100, 200))
+                side.append((cta, 8 * team + w, 4, 2, done - 50, done))
+    flags = kda_timeline.side_flags(np.array(side, dtype=DTYPE), heads=4)
+    assert flags == {(0, 2): 1000, (1, 2): 1100, (2, 2): 1200, (3, 2): 1300}
