@@ -41,10 +41,15 @@ def _stats(x: numpy.ndarray) -> dict:
             "p90_us": float(numpy.percentile(x, 90)) / 1e3, "max_us": float(x.max()) / 1e3}
 
 
+def side_teams(side: numpy.ndarray) -> int:
+    """A side CTA's teams (fused_tiles' side_teams), from its warps' records."""
+    return int(side["warp"].max()) // TEAM_WARPS + 1
+
+
 def side_flags(side: numpy.ndarray, heads: int) -> dict[tuple[int, int], int]:
     """(head, chunk) -> the time its team finished it (the last w_u record of the team's warps)."""
     ctas = int(side["cta"].max()) + 1
-    teams = int(side["warp"].max()) // TEAM_WARPS + 1
+    teams = side_teams(side)
     done: dict[tuple[int, int], int] = {}
     for cta in range(ctas):
         for team in range(teams):
@@ -74,7 +79,7 @@ def analyse(folder: Path, heads: int) -> dict:
         team_items = side[(side["stage"] == LOAD_GATE) & (side["warp"] % TEAM_WARPS == 0)]
         per_team = []
         for cta in numpy.unique(team_items["cta"]):
-            for team in range(int(side["warp"].max()) // TEAM_WARPS + 1):
+            for team in range(side_teams(side)):
                 s = numpy.sort(team_items[(team_items["cta"] == cta) & (team_items["warp"] // TEAM_WARPS == team)]["start_ns"])
                 per_team.append(numpy.diff(s.astype(numpy.int64)))
         out["side_team_period"] = _stats(numpy.concatenate(per_team) if per_team else numpy.array([]))
